@@ -1,0 +1,19 @@
+"""Everything between logits and emitted tokens; knows nothing of models or schedulers."""
+
+from .metadata import SamplingMetadata
+from .rejection import (
+    PLACEHOLDER_TOKEN_ID,
+    DraftLogits,
+    DraftProbs,
+    RejectionOutput,
+    rejection_sample,
+)
+
+__all__ = [
+    "PLACEHOLDER_TOKEN_ID",
+    "DraftLogits",
+    "DraftProbs",
+    "RejectionOutput",
+    "SamplingMetadata",
+    "rejection_sample",
+]

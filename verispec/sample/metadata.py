@@ -1,0 +1,116 @@
+"""SamplingMetadata: the per-request sampling parameters of one batch, as tensors.
+
+Built once per step on the host from plain Python values (no device reads), then moved to the
+device in one copy per field. The fast-path flags let the sampler skip whole stages (no sort when
+no request uses top-k / top-p, no CFG combine when no request is guided, no random numbers when
+all are greedy) without inspecting tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..sampling_params import SamplingParams
+from .rng import fresh_seed, request_keys
+
+
+@dataclass(frozen=True)
+class SamplingMetadata:
+    """Per-request tensors for a batch of B requests (request b is row b of every field).
+
+    temperature: [B] float32, 0 for greedy requests.
+    top_k: [B] int64, 0 where disabled.
+    top_p: [B] float32, 1 where disabled.
+    min_p: [B] float32, 0 where disabled.
+    guidance_scale: [B] float32, 1 where CFG is off.
+    keys: [B] int64, the counter-based random key of each request at this step.
+    is_greedy: [B] bool.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    guidance_scale: torch.Tensor
+    keys: torch.Tensor
+    is_greedy: torch.Tensor
+    all_greedy: bool
+    all_random: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    any_cfg: bool
+
+    @property
+    def batch_size(self) -> int:
+        return self.temperature.shape[0]
+
+    @property
+    def any_filter(self) -> bool:
+        return self.any_top_k or self.any_top_p or self.any_min_p
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        steps: Sequence[int] | None = None,
+        seeds: Sequence[int | None] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> "SamplingMetadata":
+        """params: one SamplingParams per request.
+
+        steps: each request's decode-step counter (default 0); together with the seed it keys
+            the request's random numbers, so it must advance between verify steps.
+        seeds: overrides params[b].seed (the engine passes each request's resolved seed);
+            a request with no seed from either gets a fresh one.
+        """
+        n = len(params)
+        if n == 0:
+            raise ValueError("params is empty: expected at least one SamplingParams")
+        steps = [0] * n if steps is None else list(steps)
+        seeds = [None] * n if seeds is None else list(seeds)
+        for name, values in (("steps", steps), ("seeds", seeds)):
+            if len(values) != n:
+                raise ValueError(f"{name} has {len(values)} entries: expected {n}, one per request")
+        if min(steps) < 0:
+            raise ValueError(f"steps={steps!r} is invalid: expected integers >= 0")
+        # One row of plain values per request. Filters cannot change an argmax, so greedy
+        # requests carry them as disabled and the flags skip the sort for them.
+        rows = []
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params[{i}] is {type(p).__name__}: expected SamplingParams")
+            seed = seeds[i] if seeds[i] is not None else p.seed
+            greedy = p.greedy
+            rows.append((
+                float(p.temperature),
+                0 if greedy or p.top_k is None else p.top_k,
+                1.0 if greedy else float(p.top_p),
+                0.0 if greedy else float(p.min_p),
+                float(p.guidance_scale),
+                fresh_seed() if seed is None else seed,
+                greedy,
+            ))
+        temperature, top_k, top_p, min_p, scale, seed_col, greedy_col = zip(*rows)
+
+        def tensor(values: tuple, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return cls(
+            temperature=tensor(temperature, torch.float32),
+            top_k=tensor(top_k, torch.int64),
+            top_p=tensor(top_p, torch.float32),
+            min_p=tensor(min_p, torch.float32),
+            guidance_scale=tensor(scale, torch.float32),
+            keys=request_keys(tensor(seed_col, torch.int64), tensor(tuple(steps), torch.int64)),
+            is_greedy=tensor(greedy_col, torch.bool),
+            all_greedy=all(greedy_col),
+            all_random=not any(greedy_col),
+            any_top_k=any(k > 0 for k in top_k),
+            any_top_p=any(x < 1 for x in top_p),
+            any_min_p=any(x > 0 for x in min_p),
+            any_cfg=any(x != 1 for x in scale),
+        )

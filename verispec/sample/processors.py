@@ -1,0 +1,97 @@
+"""Logits -> probabilities: the sampling pipeline, batched, native PyTorch.
+
+Order (DESIGN §1.6), identical for draft and target rows:
+CFG combine -> temperature -> top-k -> top-p -> min-p.
+
+Everything stays in log space: a *processed* row holds the tempered (and guided) logits with
+filtered tokens set to -inf, so that softmax(processed row) is the request's sampling
+distribution and the sampler can read single probabilities as exp(x - logsumexp(row)) without
+materialising full probability rows. Filter tie rules are those of SamplingParams (threshold
+based: every token tied with the boundary token stays).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .metadata import SamplingMetadata
+
+
+def cfg_combine(
+    cond: torch.Tensor,  # [N, V] conditional logits
+    uncond: torch.Tensor,  # [N, V] unconditional logits, row-aligned with cond
+    scale: torch.Tensor,  # [N] guidance scale per row; 1 leaves the row untouched
+) -> torch.Tensor:  # [N, V] float32
+    """Guided logits l_u + gamma (l_c - l_u) (Sanchez et al. 2023).
+
+    Same softmax as the log-softmax form, since the two differ by a per-row constant. Rows with
+    gamma = 1 return the conditional logits bit for bit. A token that both branches rule out
+    (-inf) gives NaN in the formula; it stays ruled out.
+    """
+    cond = cond.float()
+    uncond = uncond.float()
+    g = scale[:, None]
+    guided = uncond + g * (cond - uncond)
+    guided = torch.where(torch.isnan(guided), float("-inf"), guided)
+    return torch.where(g == 1, cond, guided)
+
+
+def apply_top_k_top_p(
+    x: torch.Tensor,  # [N, V] tempered logits
+    top_k: torch.Tensor | None,  # [N] int64, 0 = off; None when no row uses it
+    top_p: torch.Tensor | None,  # [N] float32, 1 = off; None when no row uses it
+) -> torch.Tensor:  # [N, V]
+    """Masks with -inf the tokens outside each row's top-k, then outside its nucleus."""
+    vocab = x.shape[-1]
+    ordered = x.sort(dim=-1, descending=True).values
+    threshold = torch.full_like(x[:, :1], float("-inf"))
+    if top_k is not None:
+        kth = ordered.gather(1, (top_k - 1).clamp(0, vocab - 1)[:, None])
+        threshold = torch.where(top_k[:, None] > 0, kth, threshold)
+        ordered = ordered.masked_fill(ordered < threshold, float("-inf"))
+    if top_p is not None:
+        cum_mass = ordered.softmax(dim=-1).cumsum(dim=-1)
+        # The nucleus ends at the first sorted position whose running mass reaches top_p.
+        last = (cum_mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+        nucleus = ordered.gather(1, last)
+        threshold = torch.where(top_p[:, None] < 1, torch.maximum(threshold, nucleus), threshold)
+    return x.masked_fill(x < threshold, float("-inf"))
+
+
+def apply_min_p(
+    x: torch.Tensor,  # [N, V] tempered logits
+    min_p: torch.Tensor,  # [N] float32, 0 = off
+) -> torch.Tensor:  # [N, V]
+    """p_v < min_p * p_max  <=>  x_v - x_max < log(min_p), without a softmax."""
+    log_ratio = torch.log(min_p)[:, None]  # log(0) = -inf keeps every token
+    row_max = x.max(dim=-1, keepdim=True).values
+    return x.masked_fill(x - row_max < log_ratio, float("-inf"))
+
+
+def process_logits(
+    logits: torch.Tensor,  # [N, V] raw logits (any float dtype)
+    rows: torch.Tensor,  # [N] int64, the request (index into `sampling`) each row belongs to
+    sampling: SamplingMetadata,
+    uncond_logits: torch.Tensor | None = None,  # [N, V] CFG unconditional rows, or None
+) -> torch.Tensor:  # [N, V] float32 processed logits
+    """The whole pipeline for rows of many requests. Greedy rows are guided but not tempered
+    or filtered (their argmax is all that is read). Pass uncond_logits=None for draft rows:
+    drafts are unguided."""
+    if uncond_logits is not None and sampling.any_cfg:
+        x = cfg_combine(logits, uncond_logits, sampling.guidance_scale[rows])
+    else:
+        x = logits.float()
+    if sampling.all_greedy:
+        return x
+    temperature = sampling.temperature[rows]
+    x = x / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    if sampling.any_top_k or sampling.any_top_p:
+        x = apply_top_k_top_p(
+            x,
+            sampling.top_k[rows] if sampling.any_top_k else None,
+            sampling.top_p[rows] if sampling.any_top_p else None,
+        )
+    if sampling.any_min_p:
+        x = apply_min_p(x, sampling.min_p[rows])
+    return x
+

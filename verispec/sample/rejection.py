@@ -1,0 +1,265 @@
+"""rejection_sample(): exact, batched, ragged verification of draft tokens (DESIGN §1, §3).
+
+Terms, used throughout verispec/sample:
+- request b proposes K_b *draft* tokens x_1..x_K (K_b may be 0), drawn from *draft*
+  distributions q_1..q_K (or a one-hot drafter: q is one-hot at x_i);
+- one target forward pass gives K_b + 1 *target* rows: p_1..p_K for the drafts and one *bonus*
+  row p_{K+1}; p and q are the distributions after the request's sampling pipeline;
+- a draft token is *accepted* with probability min(1, p(x)/q(x)) (greedy: when it is the argmax
+  of p); at the first rejection a *recovered* token is drawn from normalize(max(p - q, 0)); when
+  every draft is accepted, a *bonus* token is drawn from p_{K+1};
+- the *emitted* tokens of a request are its accepted drafts followed by one recovered or bonus
+  token: num_emitted = num_accepted + 1.
+
+Only one full row per request is ever turned into probabilities: the row of its recovered or
+bonus token. Draft rows contribute single probabilities exp(x - logsumexp(row)). No host
+synchronisation and no Python loop over requests happen in the step; the only host read is
+max K when the caller neither passes it nor keeps cu_num_draft_tokens on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Union
+
+import torch
+
+from . import validation as check
+from .metadata import SamplingMetadata
+from .processors import process_logits
+from .rng import ACCEPT, SAMPLE, uniform
+
+PLACEHOLDER_TOKEN_ID = -1
+
+
+class DraftProbs(NamedTuple):
+    """Draft distributions as probabilities (already through the sampling pipeline)."""
+
+    probs: torch.Tensor  # [num_draft_tokens, V]
+
+
+class DraftLogits(NamedTuple):
+    """Draft distributions as raw logits; the verifier applies the request's pipeline (no CFG)."""
+
+    logits: torch.Tensor  # [num_draft_tokens, V]
+
+
+Draft = Union[DraftProbs, DraftLogits, None]
+
+
+@dataclass(frozen=True)
+class RejectionOutput:
+    token_ids: torch.Tensor  # [B, max_K + 1] int64, PLACEHOLDER_TOKEN_ID after the emitted tokens
+    num_emitted: torch.Tensor  # [B] int64, num_accepted + 1
+    num_accepted: torch.Tensor  # [B] int64
+
+
+def rejection_sample(
+    target_logits: torch.Tensor,  # [num_draft_tokens + B, V]: per request K_b draft rows + 1 bonus row
+    draft_token_ids: torch.Tensor,  # [num_draft_tokens] int, requests concatenated
+    cu_num_draft_tokens: torch.Tensor,  # [B + 1] int, leading 0
+    sampling: SamplingMetadata,
+    draft: Draft = None,
+    uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V], CFG rows aligned with target_logits
+    max_num_draft_tokens: int | None = None,
+    validate: bool = True,
+) -> RejectionOutput:
+    """Verify every request's drafts against its target rows and emit tokens.
+
+    The emitted sequence of each request is distributed exactly as sampling token by token from
+    its target distributions, whatever the drafts. `uncond_logits` is needed when a request
+    uses CFG (guidance_scale != 1); its rows for other requests are ignored. `validate` checks
+    values too (NaN / +inf logits, ids out of range, offsets), which reads the tensors.
+    """
+    if validate:
+        max_num_draft_tokens = _validate(
+            target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits
+        )
+    elif max_num_draft_tokens is None:
+        max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max())
+    return _native(
+        target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
+        max_num_draft_tokens,
+    )
+
+
+def _validate(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    sampling: SamplingMetadata,
+    draft: Draft,
+    uncond_logits: torch.Tensor | None,
+) -> int:
+    """All checks; returns max K."""
+    if not isinstance(sampling, SamplingMetadata):
+        raise TypeError(f"sampling is {type(sampling).__name__}: expected SamplingMetadata")
+    check.check_tensor("target_logits", target_logits, 2, floating=True)
+    device = target_logits.device
+    check.check_tensor("draft_token_ids", draft_token_ids, 1, integer=True, device=device)
+    check.check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, integer=True)
+    batch, num_draft = sampling.batch_size, draft_token_ids.shape[0]
+    vocab = target_logits.shape[1]
+    counts = check.check_offsets("cu_num_draft_tokens", cu_num_draft_tokens, batch, num_draft)
+    check.check_shape("target_logits", target_logits, (num_draft + batch, vocab))
+    check.check_logit_values("target_logits", target_logits)
+    check.check_token_ids("draft_token_ids", draft_token_ids, vocab)
+    if sampling.temperature.device != device:
+        raise ValueError(f"sampling is on {sampling.temperature.device}: expected {device}")
+    if sampling.any_cfg:
+        if uncond_logits is None:
+            raise ValueError(
+                "uncond_logits is None but a request has guidance_scale != 1: expected the "
+                "unconditional logits, row-aligned with target_logits"
+            )
+        check.check_tensor("uncond_logits", uncond_logits, 2, floating=True, device=device)
+        check.check_shape("uncond_logits", uncond_logits, tuple(target_logits.shape))
+        check.check_logit_values("uncond_logits", uncond_logits)
+    if isinstance(draft, DraftProbs):
+        check.check_tensor("draft.probs", draft.probs, 2, floating=True, device=device)
+        check.check_shape("draft.probs", draft.probs, (num_draft, vocab))
+        check.check_prob_values("draft.probs", draft.probs)
+    elif isinstance(draft, DraftLogits):
+        check.check_tensor("draft.logits", draft.logits, 2, floating=True, device=device)
+        check.check_shape("draft.logits", draft.logits, (num_draft, vocab))
+        check.check_logit_values("draft.logits", draft.logits)
+    elif draft is not None:
+        raise TypeError(f"draft is {type(draft).__name__}: expected DraftProbs, DraftLogits or None")
+    return max(counts, default=0)
+
+
+class _Layout(NamedTuple):
+    """Index bookkeeping of a ragged batch, all on the device."""
+
+    num_draft: torch.Tensor  # [B] K_b
+    draft_start: torch.Tensor  # [B] first draft index of each request
+    req_of_row: torch.Tensor  # [N] request of each target row
+    req_of_draft: torch.Tensor  # [D] request of each draft token
+    pos_of_draft: torch.Tensor  # [D] position of each draft token within its request
+    row_of_draft: torch.Tensor  # [D] target row of each draft token
+
+
+def _layout(cu: torch.Tensor, num_rows: int, device: torch.device) -> _Layout:
+    cu = cu.to(device=device, dtype=torch.int64)
+    batch = cu.shape[0] - 1
+    num_draft = cu[1:] - cu[:-1]
+    requests = torch.arange(batch, device=device)
+    req_of_row = torch.repeat_interleave(requests, num_draft + 1, output_size=num_rows)
+    req_of_draft = torch.repeat_interleave(requests, num_draft, output_size=num_rows - batch)
+    draft_index = torch.arange(num_rows - batch, device=device)
+    return _Layout(
+        num_draft=num_draft,
+        draft_start=cu[:-1],
+        req_of_row=req_of_row,
+        req_of_draft=req_of_draft,
+        pos_of_draft=draft_index - cu[:-1][req_of_draft],
+        row_of_draft=draft_index + req_of_draft,
+    )
+
+
+def _native(
+    target_logits: torch.Tensor,  # [N, V]
+    draft_token_ids: torch.Tensor,  # [D]
+    cu_num_draft_tokens: torch.Tensor,  # [B + 1]
+    sampling: SamplingMetadata,
+    draft: Draft,
+    uncond_logits: torch.Tensor | None,  # [N, V]
+    max_k: int,
+) -> RejectionOutput:
+    num_rows, vocab = target_logits.shape
+    device = target_logits.device
+    lay = _layout(cu_num_draft_tokens, num_rows, device)
+    target = process_logits(target_logits, lay.req_of_row, sampling, uncond_logits)  # [N, V]
+    row_max, row_argmax = target.max(dim=-1)
+    row_lse = torch.logsumexp(target, dim=-1)
+
+    # Out-of-range ids (possible only without validation) are rejected, never emitted.
+    ids = draft_token_ids.to(torch.int64)
+    in_range = (ids >= 0) & (ids < vocab)
+    ids = ids.clamp(0, vocab - 1)
+    p_draft = (target[lay.row_of_draft, ids] - row_lse[lay.row_of_draft]).exp()
+    if isinstance(draft, DraftLogits):
+        draft_rows = process_logits(draft.logits, lay.req_of_draft, sampling)  # [D, V]
+        draft_lse = torch.logsumexp(draft_rows, dim=-1)
+        q_draft = (draft_rows.gather(1, ids[:, None])[:, 0] - draft_lse).exp()
+    elif isinstance(draft, DraftProbs):
+        q_draft = draft.probs.gather(1, ids[:, None])[:, 0].float()
+    else:
+        q_draft = torch.ones_like(p_draft)
+
+    # Rule 1: accept x with probability min(1, p/q) as u * q < p; q = 0 rejects.
+    u = uniform(sampling.keys[lay.req_of_draft], lay.pos_of_draft, ACCEPT)
+    accept = (q_draft > 0) & (u * q_draft.double() < p_draft.double())
+    # Rule 4: greedy requests accept while the draft is the target argmax.
+    greedy_draft = sampling.is_greedy[lay.req_of_draft]
+    accept = torch.where(greedy_draft, ids == row_argmax[lay.row_of_draft], accept) & in_range
+    accepted = torch.zeros(lay.num_draft.shape[0], max_k, dtype=torch.bool, device=device)
+    accepted[lay.req_of_draft, lay.pos_of_draft] = accept
+    num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # leading run of accepts
+
+    # Rules 2 and 3: one row per request yields the recovered or bonus token.
+    final_row = lay.draft_start + torch.arange(num_accepted.shape[0], device=device) + num_accepted
+    final_token = row_argmax[final_row]
+    if not sampling.all_greedy:
+        sampled = _sample_final(
+            target[final_row], lay, num_accepted, ids, draft, sampling, in_range
+        )
+        final_token = torch.where(sampling.is_greedy, final_token, sampled)
+
+    drafts = torch.full(
+        (num_accepted.shape[0], max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device
+    )
+    drafts[lay.req_of_draft, lay.pos_of_draft] = ids
+    slot = torch.arange(max_k + 1, device=device)[None, :]
+    n = num_accepted[:, None]
+    token_ids = torch.where(slot < n, drafts, torch.where(slot == n, final_token[:, None], -1))
+    return RejectionOutput(token_ids, num_accepted + 1, num_accepted)
+
+
+def _sample_final(
+    final_rows: torch.Tensor,  # [B, V] processed target logits at each request's final row
+    lay: _Layout,
+    num_accepted: torch.Tensor,  # [B]
+    ids: torch.Tensor,  # [D] clamped draft ids
+    draft: Draft,
+    sampling: SamplingMetadata,
+    in_range: torch.Tensor,  # [D] bool
+) -> torch.Tensor:  # [B] int64
+    p = final_rows.softmax(dim=-1)
+    rejected = num_accepted < lay.num_draft
+    if ids.numel() > 0:
+        final_draft = (lay.draft_start + num_accepted).clamp(max=ids.shape[0] - 1)
+        if draft is None:
+            # One-hot q: the residual max(p - q, 0) is p with the rejected token removed.
+            drop = rejected & in_range[final_draft]
+            weights = p.scatter(1, ids[final_draft][:, None], 0.0)
+            weights = torch.where(drop[:, None], weights, p)
+        else:
+            if isinstance(draft, DraftLogits):
+                q_rows = process_logits(
+                    draft.logits[final_draft], lay.req_of_draft[final_draft], sampling
+                ).softmax(dim=-1)
+            else:
+                q_rows = draft.probs[final_draft].float()
+            weights = torch.where(rejected[:, None], (p - q_rows).clamp(min=0), p)
+        # A residual with no mass means the rejection had probability 0: fall back to p.
+        weights = torch.where(weights.sum(dim=-1, keepdim=True) > 0, weights, p)
+    else:
+        weights = p
+    u = uniform(sampling.keys, num_accepted, SAMPLE)
+    return sample_inverse_cdf(weights, u)
+
+
+def sample_inverse_cdf(
+    weights: torch.Tensor,  # [B, V] non-negative, unnormalised
+    u: torch.Tensor,  # [B] float64 uniform in (0, 1)
+) -> torch.Tensor:  # [B] int64
+    """One draw per row from weights / sum(weights), using one uniform per row.
+
+    The running sum is float64, so rounding cannot favour or starve a token measurably; a token
+    with zero weight is never chosen (searchsorted finds a strictly increasing step).
+    """
+    cdf = weights.double().cumsum(dim=-1)
+    target = u * cdf[:, -1]
+    index = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
+    return index.clamp(max=weights.shape[-1] - 1)
