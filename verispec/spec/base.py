@@ -1,0 +1,88 @@
+"""The drafter contract: what a drafter sees of each request and what it hands back."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a drafter sees of one request at one decode step.
+
+    token_ids: prompt + output so far; the last one is the newest emitted token, the one the
+        draft continues from.
+    num_draft_tokens: K, the most draft tokens to propose for this request this step (0: none).
+    params: the request's sampling parameters (the target's pipeline; see Drafter).
+    seed: the request's resolved seed; with ``step`` it keys the drafter's random numbers so that
+        a sampling drafter is batch-invariant.
+    step: the request's decode-step counter.
+    """
+
+    request_id: str
+    token_ids: Sequence[int]
+    num_draft_tokens: int
+    params: SamplingParams
+    seed: int
+    step: int
+
+
+@dataclass
+class DraftBatch:
+    """The drafts for a batch of requests, in the order of the requests.
+
+    token_ids: per request, its draft tokens; at most its ``num_draft_tokens``, maybe fewer or none.
+    probs: the draft distributions q, one row per draft token, requests concatenated in batch
+        order; None for a one-hot drafter (q puts all its mass on the proposed token).
+    """
+
+    token_ids: list[list[int]]
+    probs: torch.Tensor | None = None  # [total_draft_tokens, vocab_size] float32
+
+    def __post_init__(self) -> None:
+        if self.probs is not None:
+            total = sum(len(t) for t in self.token_ids)
+            if self.probs.dim() != 2 or self.probs.shape[0] != total:
+                raise ValueError(
+                    f"probs has shape {tuple(self.probs.shape)}: expected "
+                    f"[{total}, vocab_size], one row per draft token"
+                )
+
+    @property
+    def num_draft_tokens(self) -> list[int]:
+        """Per request, how many draft tokens were proposed."""
+        return [len(t) for t in self.token_ids]
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for the target model to verify.
+
+    Contract:
+    - ``propose`` returns one entry per request, in order. A proposal may be shorter than the
+      request's ``num_draft_tokens`` (down to empty); the engine then verifies fewer tokens.
+    - ``probs``, when given, must hold the exact distributions the draft tokens were sampled
+      from. Normally that is the draft logits after the request's sampling pipeline (CFG combine
+      -> temperature -> top-k -> top-p -> min-p), the pipeline the target's p goes through too; a
+      drafter that sampled with other parameters hands over the q it actually used. The output
+      is distributed exactly as the target only if q is the distribution sampled from.
+      A drafter whose tokens are deterministic (n-gram lookup, greedy drafting) returns
+      ``probs=None``: q is then one-hot at each proposed token. Otherwise every draft token has
+      a row, greedy requests' included (their verification compares with the target's argmax
+      and ignores q).
+    - A drafter may keep per-request state between calls (an index, a draft KV cache), keyed by
+      ``request_id``; it must drop it in ``release``, which the engine calls when a request
+      finishes, fails or is cancelled. Proposals only affect speed, never the output
+      distribution, so stale state may cost acceptance but never correctness.
+    """
+
+    @abstractmethod
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
+        """Draft tokens for every request of the batch, in order."""
+
+    def release(self, request_id: str) -> None:
+        """Forget everything kept for ``request_id``; an unknown id is a no-op."""

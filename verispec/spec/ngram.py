@@ -1,0 +1,130 @@
+"""Prompt-lookup (n-gram) drafting: propose what followed the last n tokens the previous time.
+
+For each request, with tokens t_0..t_{L-1} (prompt + output) and K = min(num_draft_tokens,
+num_speculative_tokens):
+
+1. For n from max_n down to min_n, look for an earlier occurrence of the suffix
+   t_{L-n}..t_{L-1}, i.e. a match ending at j < L - 1; take the longest n that has one and, for
+   that n, the most recent occurrence (largest j).
+2. Propose the K tokens that follow it, t_{j+1}, t_{j+2}, ... When they run into the end of the
+   context (the match overlaps the suffix: a repeating pattern of period d = L - 1 - j), copy on
+   past the end as LZ77 does: the draft continues the repetition, t_{L+i} = t_{L+i-d}.
+3. No occurrence for any n: propose nothing.
+
+The tokens are deterministic, so ``probs`` is None (one-hot q). Drafts only affect speed; the
+verifier makes the output exact whatever they are.
+
+Speed: each request's tokens are mirrored in a numpy buffer kept across calls (only the newly
+emitted tokens are copied in), so a call costs one vectorised comparison over the context plus
+work proportional to the number of candidate matches, instead of O(L * n) Python. The buffer is
+dropped in ``release``. If ``token_ids`` no longer extends what was mirrored (shorter, or a
+different last mirrored token, as when a request id is reused without ``release``), the buffer
+is rebuilt from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from verispec.spec.base import DraftBatch, Drafter, DraftRequest
+
+
+class _TokenBuffer:
+    """The tokens of one request in a numpy array that grows by doubling."""
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        self.length = len(token_ids)
+        self.data = np.empty(max(16, 2 * self.length), dtype=np.int64)
+        self.data[: self.length] = np.asarray(token_ids, dtype=np.int64)
+
+    def extends_to(self, token_ids: Sequence[int]) -> bool:
+        """Whether ``token_ids`` looks like the mirrored tokens plus new ones (an O(1) check)."""
+        n = self.length
+        return len(token_ids) >= n and (n == 0 or token_ids[n - 1] == self.data[n - 1])
+
+    def sync(self, token_ids: Sequence[int]) -> None:
+        new = len(token_ids) - self.length
+        if new == 0:
+            return
+        if len(token_ids) > len(self.data):
+            grown = np.empty(2 * len(token_ids), dtype=np.int64)
+            grown[: self.length] = self.data[: self.length]
+            self.data = grown
+        self.data[self.length : len(token_ids)] = np.asarray(
+            token_ids[self.length :], dtype=np.int64
+        )
+        self.length = len(token_ids)
+
+
+def _check_positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
+    return value
+
+
+def propose_ngram(
+    tokens: np.ndarray,  # [L] int64: prompt + output so far
+    min_n: int,
+    max_n: int,
+    k: int,
+) -> list[int]:
+    """The prompt-lookup draft of at most k tokens for one context (rule: module docstring)."""
+    length = len(tokens)
+    if k == 0 or length < 2:
+        return []
+    # Candidate match ends j < L - 1 whose last n tokens equal the suffix's, for growing n.
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])
+    best = -1
+    for n in range(1, max_n + 1):
+        if n > 1:
+            ends = ends[ends >= n - 1]
+            ends = ends[tokens[ends - (n - 1)] == tokens[length - n]]
+        if len(ends) == 0:
+            break
+        if n >= min_n:
+            best = int(ends[-1])
+    if best < 0:
+        return []
+    follow = tokens[best + 1 : best + 1 + k]
+    if len(follow) < k:
+        # The match overlaps the suffix: continue the period-len(follow) repetition.
+        follow = np.resize(follow, k)
+    return follow.tolist()
+
+
+class NgramDrafter(Drafter):
+    """Prompt-lookup drafter: copies what followed the latest earlier match of the context's tail.
+
+    min_n, max_n: the shortest and longest suffix lengths (n-grams) to match, 1 <= min_n <= max_n.
+    num_speculative_tokens: the most tokens proposed per request per step; a request's own
+        ``num_draft_tokens`` may ask for fewer.
+    """
+
+    def __init__(self, min_n: int = 1, max_n: int = 3, num_speculative_tokens: int = 5) -> None:
+        self.min_n = _check_positive("min_n", min_n)
+        self.max_n = _check_positive("max_n", max_n)
+        if max_n < min_n:
+            raise ValueError(f"max_n={max_n!r} is invalid: expected an integer >= min_n={min_n}")
+        self.num_speculative_tokens = _check_positive(
+            "num_speculative_tokens", num_speculative_tokens
+        )
+        self._buffers: dict[str, _TokenBuffer] = {}
+
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
+        return DraftBatch(token_ids=[self._propose_one(r) for r in requests], probs=None)
+
+    def _propose_one(self, request: DraftRequest) -> list[int]:
+        k = min(request.num_draft_tokens, self.num_speculative_tokens)
+        if k <= 0:
+            return []
+        buf = self._buffers.get(request.request_id)
+        if buf is None or not buf.extends_to(request.token_ids):
+            buf = self._buffers[request.request_id] = _TokenBuffer(request.token_ids)
+        else:
+            buf.sync(request.token_ids)
+        return propose_ngram(buf.data[: buf.length], self.min_n, self.max_n, k)
+
+    def release(self, request_id: str) -> None:
+        self._buffers.pop(request_id, None)
