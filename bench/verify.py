@@ -1,0 +1,157 @@
+"""Times one verify step: verispec's rejection_sample against the straightforward baseline.
+
+The baseline is what most stacks write first: softmax every target row, gather p(x) and q(x),
+cumprod the acceptance mask, compute the residual max(p - q, 0) of EVERY draft row, normalise
+and sample every row, then pick per request. Ours turns one row per request into probabilities
+and reads draft rows only at the point it needs them.
+
+Both run in one process on the same inputs, side by side; the table shows median times, their
+ratio, and the bytes floor (logits + draft probabilities read once, at the copy bandwidth
+measured in the same run). JSON goes to bench/results/verify.json (or --json).
+
+    python bench/verify.py                      # CPU, 2 threads
+    python bench/verify.py --device cuda        # adds the Triton path when available
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from verispec import SamplingMetadata, SamplingParams
+from verispec.sample import DraftProbs, rejection_sample
+
+
+def baseline_verify(
+    target_logits: torch.Tensor,  # [B, K + 1, V]
+    draft_ids: torch.Tensor,  # [B, K]
+    draft_probs: torch.Tensor,  # [B, K, V]
+    temperature: float,
+) -> torch.Tensor:  # [B, K + 1]
+    batch, k1, _ = target_logits.shape
+    k = k1 - 1
+    p = (target_logits.float() / temperature).softmax(dim=-1)
+    px = p[:, :k].gather(2, draft_ids[..., None])[..., 0]
+    qx = draft_probs.gather(2, draft_ids[..., None])[..., 0]
+    accept = torch.rand(batch, k, device=p.device) * qx < px
+    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)
+    residual = (p[:, :k] - draft_probs).clamp(min=0)
+    residual = residual / residual.sum(dim=-1, keepdim=True).clamp(min=1e-20)
+    rows = torch.cat([residual, p[:, k:]], dim=1)  # [B, K + 1, V]
+    # Exponential race per row: argmax w / E, one draw for every row.
+    exp = torch.empty_like(rows).exponential_()
+    candidates = (rows / exp).argmax(dim=-1)  # [B, K + 1]
+    final = candidates.gather(1, num_accepted[:, None])
+    slot = torch.arange(k + 1, device=p.device)[None]
+    padded = torch.cat([draft_ids, draft_ids[:, :1]], dim=1)
+    n = num_accepted[:, None]
+    return torch.where(slot < n, padded, torch.where(slot == n, final, -1))
+
+
+def measure(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """Median seconds of `reps` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted)."""
+    src = torch.empty(64 * 2**20, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    seconds = measure(lambda: dst.copy_(src), device, reps=10)
+    return 2 * src.numel() * 4 / seconds
+
+
+def run_case(batch: int, k: int, vocab: int, greedy: bool, device: torch.device, reps: int, backends: list[str]) -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(batch, k + 1, vocab, device=device, generator=g) * 3
+    draft_probs = torch.softmax(torch.randn(batch, k, vocab, device=device, generator=g) * 3, dim=-1)
+    draft_ids = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    params = SamplingParams(temperature=0.0 if greedy else 1.0)
+    sampling = SamplingMetadata.from_params([params] * batch, device=device)
+    flat_logits = logits.reshape(-1, vocab)
+    flat_ids = draft_ids.reshape(-1)
+    cu = torch.arange(batch + 1, device=device) * k
+    draft = DraftProbs(draft_probs.reshape(-1, vocab))
+
+    def ours(backend: str) -> Callable[[], object]:
+        extra = {} if backend == "native" else {"backend": backend}
+        return lambda: rejection_sample(
+            flat_logits, flat_ids, cu, sampling, draft=draft,
+            max_num_draft_tokens=k, validate=False, **extra,
+        )
+
+    row = {"batch": batch, "k": k, "vocab": vocab, "mode": "greedy" if greedy else "random"}
+    row["baseline_s"] = measure(lambda: baseline_verify(logits, draft_ids, draft_probs, 1.0), device, reps)
+    for backend in backends:
+        row[f"{backend}_s"] = measure(ours(backend), device, reps)
+        row[f"{backend}_speedup"] = row["baseline_s"] / row[f"{backend}_s"]
+    row["bytes"] = logits.numel() * logits.element_size() + draft_probs.numel() * 4
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--k", type=int, nargs="+", default=[5])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[128_256, 49_152])
+    parser.add_argument("--reps", type=int, default=5, help="timed calls per figure (median)")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/verify.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    backends = ["native"]
+    if device.type == "cuda":
+        backends.append("triton")
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    header = f"{'B':>4} {'K':>2} {'V':>7} {'mode':>6} {'floor':>9} {'baseline':>10}" + "".join(
+        f" {b:>10} {'ratio':>6}" for b in backends
+    )
+    print(f"device={device} threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s")
+    print(header)
+    for vocab in args.vocab:
+        for k in args.k:
+            for batch in args.batch:
+                for greedy in (False, True):
+                    row = run_case(batch, k, vocab, greedy, device, args.reps, backends)
+                    row["floor_s"] = row["bytes"] / bandwidth
+                    rows.append(row)
+                    line = (
+                        f"{batch:>4} {k:>2} {vocab:>7} {row['mode']:>6} {row['floor_s'] * 1e3:>7.2f}ms"
+                        f" {row['baseline_s'] * 1e3:>8.2f}ms"
+                    )
+                    for b in backends:
+                        line += f" {row[f'{b}_s'] * 1e3:>8.2f}ms {row[f'{b}_speedup']:>5.2f}x"
+                    print(line, flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+    }
+    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
