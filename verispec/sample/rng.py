@@ -25,6 +25,7 @@ _M2 = 0x94D049BB133111EB
 
 ACCEPT = 1  # purpose: the uniform compared against p/q for a draft token
 SAMPLE = 2  # purpose: the uniform that picks the recovered / bonus token
+DRAFT = 3  # purpose: the uniform a sampling drafter draws its draft token with
 
 
 def _signed(x: int) -> int:

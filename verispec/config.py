@@ -1,0 +1,89 @@
+"""Engine configuration: frozen dataclasses, validated on construction, never mutated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _require(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: expected {expected}")
+
+
+def _positive_int(name: str, value: object) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: `num_blocks` blocks of `block_size` token slots, per model."""
+
+    block_size: int = 16
+    num_blocks: int = 1024
+
+    def __post_init__(self) -> None:
+        _positive_int("block_size", self.block_size)
+        _positive_int("num_blocks", self.num_blocks)
+
+    @property
+    def num_slots(self) -> int:
+        return self.block_size * self.num_blocks
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How to draft.
+
+    method: "ngram" (prompt lookup, no model), "draft_model" (a smaller model sharing the target's
+        tokenizer, given by `draft_model`), or "none".
+    num_speculative_tokens: K, the most draft tokens per request per step.
+    ngram_min / ngram_max: n-gram sizes tried, longest first.
+    """
+
+    method: str = "none"
+    num_speculative_tokens: int = 5
+    draft_model: str | None = None
+    ngram_min: int = 1
+    ngram_max: int = 3
+
+    def __post_init__(self) -> None:
+        _require(self.method in ("ngram", "draft_model", "none"), "method", self.method,
+                 "'ngram', 'draft_model' or 'none'")
+        _require(
+            isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
+            "num_speculative_tokens", self.num_speculative_tokens, "an integer in [0, 64]",
+        )
+        _require((self.method == "draft_model") == (self.draft_model is not None), "draft_model",
+                 self.draft_model, "a model path exactly when method == 'draft_model'")
+        _positive_int("ngram_min", self.ngram_min)
+        _require(isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min, "ngram_max",
+                 self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none" and self.num_speculative_tokens > 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's limits.
+
+    max_num_seqs: most requests in one step.
+    max_num_batched_tokens: most tokens (prompt chunks + last tokens + drafts) in one step; a
+        longer prompt is prefilled in chunks.
+    max_model_len: most tokens (prompt + output) per request.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 8192
+    cache: CacheConfig = CacheConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
+
+    def __post_init__(self) -> None:
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("max_model_len", self.max_model_len)
+        k = self.speculative.num_speculative_tokens if self.speculative.enabled else 0
+        _require(self.max_num_batched_tokens > k, "max_num_batched_tokens", self.max_num_batched_tokens,
+                 f"more than num_speculative_tokens ({k}), so a decode step fits")
