@@ -16,14 +16,11 @@ measured in the same run). JSON goes to bench/results/verify.json (or --json).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
+from common import copy_bandwidth, measure, write_json
 
 from verispec import SamplingMetadata, SamplingParams
 from verispec.sample import DraftProbs, rejection_sample
@@ -53,29 +50,6 @@ def baseline_verify(
     padded = torch.cat([draft_ids, draft_ids[:, :1]], dim=1)
     n = num_accepted[:, None]
     return torch.where(slot < n, padded, torch.where(slot == n, final, -1))
-
-
-def measure(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median seconds of `reps` calls after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes per second of a large device-to-device copy (read + write counted)."""
-    src = torch.empty(64 * 2**20, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    seconds = measure(lambda: dst.copy_(src), device, reps=10)
-    return 2 * src.numel() * 4 / seconds
 
 
 def run_case(batch: int, k: int, vocab: int, greedy: bool, device: torch.device, reps: int, backends: list[str]) -> dict:
@@ -142,15 +116,7 @@ def main() -> None:
                     for b in backends:
                         line += f" {row[f'{b}_s'] * 1e3:>8.2f}ms {row[f'{b}_speedup']:>5.2f}x"
                     print(line, flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "copy_bandwidth_bytes_per_s": bandwidth,
-    }
-    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, device, rows, copy_bandwidth_bytes_per_s=bandwidth)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+"""Tiny random Llama models and a word-level tokenizer, for engine tests that need no download.
+
+Token i is the word "t{i}"; text is words separated by spaces.
+"""
+
+from __future__ import annotations
+
+import tokenizers
+import torch
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+
+from verispec.engine.engine import LLMEngine
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.model import LlamaModel, ModelConfig, Tokenizer
+from verispec.spec.base import Drafter
+
+
+def tiny_model(seed: int, vocab: int = 16, hidden: int = 32, layers: int = 2, scale: float = 1.0,
+               eos: tuple[int, ...] = ()) -> LlamaModel:
+    """Random weights; `scale` sharpens (>1) or flattens (<1) the output distributions."""
+    config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
+                         num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rope_theta=5000.0,
+                         max_position_embeddings=512, tie_word_embeddings=False, eos_token_ids=eos)
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape: int, std: float = 0.3) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    kv = config.num_kv_heads * config.head_dim
+    weights = {
+        "model.embed_tokens.weight": w(vocab, hidden, std=1.0),
+        "model.norm.weight": torch.ones(hidden),
+        "lm_head.weight": w(vocab, hidden, std=scale),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        weights.update({
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+            p + "self_attn.q_proj.weight": w(hidden, hidden),
+            p + "self_attn.k_proj.weight": w(kv, hidden),
+            p + "self_attn.v_proj.weight": w(kv, hidden),
+            p + "self_attn.o_proj.weight": w(hidden, hidden),
+            p + "mlp.gate_proj.weight": w(2 * hidden, hidden),
+            p + "mlp.up_proj.weight": w(2 * hidden, hidden),
+            p + "mlp.down_proj.weight": w(hidden, 2 * hidden),
+        })
+    model = LlamaModel(config)
+    model.load_weights(weights)
+    return model.eval()
+
+
+def word_tokenizer(vocab: int = 16, eos: int | None = None) -> Tokenizer:
+    backend = tokenizers.Tokenizer(WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return Tokenizer(backend, bos_token_id=None, eos_token_id=eos)
+
+
+def tiny_engine(model: LlamaModel, drafter: Drafter | None = None, k: int = 0, num_blocks: int = 256,
+                block_size: int = 4, budget: int = 256, max_seqs: int = 64, eos: int | None = None) -> LLMEngine:
+    method = "none" if drafter is None else "ngram"
+    config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=512,
+                          cache=CacheConfig(block_size, num_blocks),
+                          speculative=SpeculativeConfig(method=method, num_speculative_tokens=k))
+    return LLMEngine(model, word_tokenizer(model.config.vocab_size, eos), config, drafter)
+
+
+def run_all(engine: LLMEngine) -> dict:
+    """Steps until every request finished; final outputs by request id."""
+    done = {}
+    steps = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        steps += 1
+        assert steps < 100_000
+    return done

@@ -1,0 +1,268 @@
+"""LLMEngine: one step = schedule -> draft -> one target forward -> verify -> commit.
+
+Terms as in request.py (request, sequence, pending, sampling step) and sample/rejection.py
+(draft, target, accepted, emitted). Per step, every request that samples feeds its last pending
+token followed by its draft tokens; the target forward pass gives K + 1 rows per request (and the
+same rows for a CFG companion), rejection_sample emits accepted drafts + one token, and the
+scheduler keeps the accepted prefix in the cache and rolls the rest back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import EngineConfig
+from ..model import LlamaModel, Tokenizer
+from ..sample import DraftProbs, SamplingMetadata, rejection_sample
+from ..sampling_params import SamplingParams
+from ..sample.rng import fresh_seed
+from ..spec.base import Drafter, DraftRequest
+from ..spec.metrics import SpecDecodeStats
+from .kv_cache import BlockManager
+from .request import FinishReason, Request
+from .runner import Feed, ModelRunner
+from .scheduler import ScheduledRequest, Scheduler
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step. `new_text` / `new_token_ids` are what this step added."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    new_text: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    error: str | None = None
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: LlamaModel,
+        tokenizer: Tokenizer,
+        config: EngineConfig = EngineConfig(),
+        drafter: Drafter | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.drafter = drafter
+        self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.runner = ModelRunner(model, self.blocks)
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_ids = set(model.config.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(tokenizer.eos_token_id)
+        self._arrival = itertools.count()
+        self._requests: dict[str, Request] = {}
+        self._decoders: dict[str, object] = {}
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        num_speculative_tokens: int | None = None,
+    ) -> str:
+        """Queues a prompt (text or token ids); returns its request id."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params is {type(params).__name__}: expected SamplingParams")
+        text, ids = self._encode("prompt", prompt)
+        if len(ids) >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens: expected fewer than max_model_len ({self.config.max_model_len})"
+            )
+        uncond = None
+        if params.uses_cfg:
+            uncond = self._encode("negative_prompt", params.negative_prompt)[1] if params.negative_prompt else ids[-1:]
+        arrival = next(self._arrival)
+        request_id = request_id if request_id is not None else f"req-{arrival}"
+        if request_id in self._requests:
+            raise ValueError(f"request_id={request_id!r} is already in use")
+        spec = self.config.speculative
+        k = spec.num_speculative_tokens if spec.enabled and self.drafter is not None else 0
+        if num_speculative_tokens is not None:
+            if not isinstance(num_speculative_tokens, int) or not 0 <= num_speculative_tokens <= 64:
+                raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: expected an integer in [0, 64]")
+            k = num_speculative_tokens if self.drafter is not None else 0
+        request = Request(
+            request_id=request_id, prompt_token_ids=ids, params=params,
+            seed=params.seed if params.seed is not None else fresh_seed(),
+            arrival=arrival, num_speculative_tokens=k, uncond_token_ids=uncond, prompt=text,
+        )
+        self._requests[request_id] = request
+        self._decoders[request_id] = self.tokenizer.incremental_decoder()
+        self.scheduler.add(request)
+        return request_id
+
+    def _encode(self, name: str, value: str | list[int] | tuple[int, ...]) -> tuple[str | None, list[int]]:
+        if isinstance(value, str):
+            ids = self.tokenizer.encode(value)
+            if not ids:
+                raise ValueError(f"{name}={value!r} encodes to no tokens: expected non-empty text")
+            return value, ids
+        ids = list(value)
+        if not ids or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"{name} token ids are invalid: expected a non-empty list of ints in [0, {self.vocab_size})")
+        return None, ids
+
+    def abort(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is not None and not request.finished:
+            self._finish(request, FinishReason.ABORT)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one engine step; returns the outputs of requests that changed."""
+        plan = self.scheduler.schedule()
+        outputs = [self._output(r, []) for r in plan.failed]
+        for request in plan.failed:
+            self._forget(request)
+        for request in plan.preempted:
+            if self.drafter is not None:
+                self.drafter.release(request.request_id)
+        if not plan.scheduled:
+            return outputs
+        sampling = [p for p in plan.scheduled if p.samples]
+        drafts, draft_probs = self._propose(sampling)
+        feeds = []
+        for p in plan.scheduled:
+            d = drafts.get(p.request.request_id, [])
+            for seq, n in zip(p.request.seqs, p.num_new):
+                feeds.append(Feed(seq.seq_id, p.request.pending_token_ids(seq, n) + d, seq.num_computed,
+                                  len(d) + 1 if p.samples else 0))
+        logits = self.runner.forward(feeds)
+        emitted = self._verify(sampling, drafts, draft_probs, logits) if sampling else []
+        for p in plan.scheduled:
+            if not p.samples:
+                self.scheduler.commit(p, 0)
+        for p, (tokens, num_accepted) in zip(sampling, emitted):
+            request = p.request
+            self.scheduler.commit(p, num_accepted)
+            request.step += 1
+            request.stats.observe(len(drafts.get(request.request_id, [])), num_accepted)
+            outputs.append(self._append(request, tokens))
+        return outputs
+
+    def _propose(self, sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
+        speculating = [p for p in sampling if p.num_draft_slots > 0]
+        if not speculating or self.drafter is None:
+            return {}, None
+        batch = self.drafter.propose([
+            DraftRequest(p.request.request_id, p.request.all_token_ids(), p.num_draft_slots,
+                         p.request.params, p.request.seed, p.request.step)
+            for p in speculating
+        ])
+        drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
+        return drafts, batch.probs
+
+    def _verify(
+        self,
+        sampling: list[ScheduledRequest],
+        drafts: dict[str, list[int]],
+        draft_probs: torch.Tensor | None,  # [total_draft_tokens, V] rows in the order of `sampling`
+        logits: torch.Tensor,  # [num_logits_rows, V]: per sampling request K + 1 rows per sequence
+    ) -> list[tuple[list[int], int]]:
+        target_rows: list[int] = []
+        uncond_rows: list[int] = []
+        row = 0
+        for p in sampling:
+            n = len(drafts.get(p.request.request_id, [])) + 1
+            target_rows.extend(range(row, row + n))
+            uncond_rows.extend(range(row + n, row + 2 * n) if p.request.uses_cfg else range(row, row + n))
+            row += n * len(p.request.seqs)
+        device = logits.device
+        index = torch.tensor(target_rows, device=device)
+        uncond = None
+        if any(p.request.uses_cfg for p in sampling):
+            uncond = logits[torch.tensor(uncond_rows, device=device)]
+        counts = [len(drafts.get(p.request.request_id, [])) for p in sampling]
+        ids = [t for p in sampling for t in drafts.get(p.request.request_id, [])]
+        metadata = SamplingMetadata.from_params(
+            [p.request.params for p in sampling],
+            steps=[p.request.step for p in sampling],
+            seeds=[p.request.seed for p in sampling],
+            device=device,
+        )
+        out = rejection_sample(
+            logits[index],
+            torch.tensor(ids, dtype=torch.int64, device=device),
+            torch.tensor([0, *itertools.accumulate(counts)], device=device),
+            metadata,
+            draft=DraftProbs(draft_probs) if draft_probs is not None and ids else None,
+            uncond_logits=uncond,
+            max_num_draft_tokens=max(counts),
+            validate=False,
+        )
+        tokens = out.token_ids.tolist()
+        accepted = out.num_accepted.tolist()
+        return [(row[: a + 1], a) for row, a in zip(tokens, accepted)]
+
+    def _append(self, request: Request, tokens: list[int]) -> RequestOutput:
+        """Adds emitted tokens one at a time, stopping at the first stop condition."""
+        params = request.params
+        decoder = self._decoders[request.request_id]
+        text_before = len(request.text)
+        new_ids: list[int] = []
+        reason = None
+        for token in tokens:
+            request.output_token_ids.append(token)
+            new_ids.append(token)
+            before = len(request.text)
+            request.text += decoder.push([token])
+            if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+                reason = FinishReason.STOP
+            for stop in params.stop:
+                at = request.text.find(stop, max(0, before - len(stop) + 1))
+                if at >= 0:
+                    request.text = request.text[:at]
+                    reason = FinishReason.STOP
+                    break
+            if reason is None and (
+                request.remaining_tokens <= 0
+                or request.num_tokens(request.seqs[0]) >= self.config.max_model_len
+            ):
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                break
+        if reason is not None:
+            self._finish(request, reason)
+        return self._output(request, new_ids, request.text[text_before:])
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        self.scheduler.finish(request, reason)
+        self._forget(request)
+
+    def _forget(self, request: Request) -> None:
+        if self.drafter is not None:
+            self.drafter.release(request.request_id)
+        self._requests.pop(request.request_id, None)
+        self._decoders.pop(request.request_id, None)
+
+    def _output(self, request: Request, new_ids: list[int], new_text: str = "") -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            text=request.text,
+            token_ids=list(request.output_token_ids),
+            new_text=new_text,
+            new_token_ids=new_ids,
+            finished=request.finished,
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stats=request.stats,
+            error=request.error,
+        )

@@ -1,0 +1,74 @@
+"""The model runner: the one place (with the model itself) that touches device tensors per step.
+
+It turns plain-Python feeds into the model's ragged-batch inputs against the paged KV cache,
+runs the forward pass, and hands logits to the sampler. A drafter that runs a model owns a
+runner of its own, over its own cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..model import AttentionMetadata, LlamaModel
+from .kv_cache import BlockManager
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Tokens one sequence feeds in one forward pass.
+
+    token_ids: written to the cache at positions start, start + 1, ...
+    num_logits: how many of its LAST rows need logits (0 for a prefill chunk).
+    """
+
+    seq_id: str
+    token_ids: Sequence[int]
+    start: int
+    num_logits: int
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, blocks: BlockManager) -> None:
+        self.model = model
+        self.blocks = blocks
+        self.device = next(model.parameters()).device
+        self.kv_caches = model.allocate_kv_cache(blocks.num_blocks, blocks.block_size)
+
+    @torch.inference_mode()
+    def forward(self, feeds: Sequence[Feed]) -> torch.Tensor:  # [sum(num_logits), V] float32
+        """The caller has already reserved slots for every fed token in the BlockManager."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_rows: list[int] = []
+        for feed in feeds:
+            n = len(feed.token_ids)
+            end = feed.start + n
+            ids.extend(feed.token_ids)
+            positions.extend(range(feed.start, end))
+            slots.extend(self.blocks.slot_mapping(feed.seq_id, feed.start, end))
+            logits_rows.extend(range(starts[-1] + n - feed.num_logits, starts[-1] + n))
+            starts.append(starts[-1] + n)
+            seq_lens.append(end)
+            tables.append(self.blocks.block_table(feed.seq_id))
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+
+        def tensor(values: list) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+
+        attn = AttentionMetadata(
+            query_start_loc=tensor(starts),
+            seq_lens=tensor(seq_lens),
+            slot_mapping=tensor(slots),
+            block_tables=tensor(padded),
+            query_lens_list=[b - a for a, b in zip(starts, starts[1:])],
+            seq_lens_list=seq_lens,
+        )
+        return self.model(tensor(ids), tensor(positions), attn, self.kv_caches, tensor(logits_rows))

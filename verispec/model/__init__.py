@@ -1,0 +1,17 @@
+"""The model: a Llama-family transformer over a paged KV cache, its loaders and tokenizer."""
+
+from verispec.model.attention import AttentionMetadata
+from verispec.model.config import ModelConfig
+from verispec.model.llama import LlamaModel
+from verispec.model.loader import default_model_path, load_model
+from verispec.model.tokenizer import IncrementalDecoder, Tokenizer
+
+__all__ = [
+    "AttentionMetadata",
+    "IncrementalDecoder",
+    "LlamaModel",
+    "ModelConfig",
+    "Tokenizer",
+    "default_model_path",
+    "load_model",
+]

