@@ -51,6 +51,23 @@ def tiny_model(seed: int, vocab: int = 16, hidden: int = 32, layers: int = 2, sc
     return model.eval()
 
 
+def tiny_checkpoint(directory, seed: int = 0, vocab: int = 16, sharpen: float = 20.0):
+    """Saves a random tiny Hugging Face Llama (+ word tokenizer) to `directory`; returns the HF model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, rope_theta=5000.0,
+                         max_position_embeddings=256, tie_word_embeddings=False,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(sharpen)  # sharper distributions make greedy decisions robust
+    hf.save_pretrained(directory)
+    word_tokenizer(vocab).save(directory)
+    return hf
+
+
 def word_tokenizer(vocab: int = 16, eos: int | None = None) -> Tokenizer:
     backend = tokenizers.Tokenizer(WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     backend.pre_tokenizer = WhitespaceSplit()

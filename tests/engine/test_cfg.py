@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
 from verispec import SamplingParams
@@ -18,7 +17,7 @@ from verispec.spec.draft_model import DraftModelDrafter
 from verispec.spec.ngram import NgramDrafter
 
 from ..stats import chi_square
-from ..tiny import run_all, tiny_engine, tiny_model, word_tokenizer
+from ..tiny import run_all, tiny_checkpoint, tiny_engine, tiny_model
 
 VOCAB = 16
 
@@ -26,16 +25,8 @@ VOCAB = 16
 @pytest.fixture(scope="module")
 def hf_pair(tmp_path_factory):
     """The same random tiny Llama as an HF model and as ours (loaded from its checkpoint)."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, rope_theta=5000.0,
-                         max_position_embeddings=256, tie_word_embeddings=False)
-    hf = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(20)  # sharper distributions make greedy decisions robust
     directory = tmp_path_factory.mktemp("tiny-hf")
-    hf.save_pretrained(directory)
-    word_tokenizer(VOCAB).save(directory)
+    hf = tiny_checkpoint(directory, vocab=VOCAB)
     model, _ = load_model(str(directory), progress=False)
     return hf, model
 
