@@ -8,6 +8,7 @@ from .rejection import (
     RejectionOutput,
     rejection_sample,
 )
+from .rejection import rejection_sample_probs
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
@@ -16,4 +17,5 @@ __all__ = [
     "RejectionOutput",
     "SamplingMetadata",
     "rejection_sample",
+    "rejection_sample_probs",
 ]

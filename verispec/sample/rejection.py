@@ -15,11 +15,19 @@ Only one full row per request is ever turned into probabilities: the row of its 
 bonus token. Draft rows contribute single probabilities exp(x - logsumexp(row)). No host
 synchronisation and no Python loop over requests happen in the step; the only host read is
 max K when the caller neither passes it nor keeps cu_num_draft_tokens on the host.
+
+Two backends implement the same contract behind one validation: "native" (_native below,
+PyTorch, the CPU path and the test oracle) and "triton" (verispec.sample.kernels, imported only
+when used). Which one runs when the caller names none is decided once per device type
+(default_backend).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
+from types import ModuleType
 from typing import NamedTuple, Union
 
 import torch
@@ -30,6 +38,8 @@ from .processors import process_logits
 from .rng import ACCEPT, SAMPLE, uniform
 
 PLACEHOLDER_TOKEN_ID = -1
+BACKENDS = ("native", "triton")
+BACKEND_ENV = "VERISPEC_SAMPLER_BACKEND"  # forces the default backend, e.g. for tests
 
 
 class DraftProbs(NamedTuple):
@@ -63,6 +73,7 @@ def rejection_sample(
     uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V], CFG rows aligned with target_logits
     max_num_draft_tokens: int | None = None,
     validate: bool = True,
+    backend: str | None = None,
 ) -> RejectionOutput:
     """Verify every request's drafts against its target rows and emit tokens.
 
@@ -70,6 +81,7 @@ def rejection_sample(
     its target distributions, whatever the drafts. `uncond_logits` is needed when a request
     uses CFG (guidance_scale != 1); its rows for other requests are ignored. `validate` checks
     values too (NaN / +inf logits, ids out of range, offsets), which reads the tensors.
+    `backend` is "native" or "triton"; None takes default_backend(target_logits.device.type).
     """
     if validate:
         max_num_draft_tokens = _validate(
@@ -77,9 +89,127 @@ def rejection_sample(
         )
     elif max_num_draft_tokens is None:
         max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max())
-    return _native(
+    if _backend(backend, target_logits) == "native":
+        verify = _native
+    else:
+        verify = _kernels().rejection_sample_triton
+    return verify(
         target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
         max_num_draft_tokens,
+    )
+
+
+def rejection_sample_probs(
+    draft_probs: torch.Tensor,  # [B, K, V]
+    draft_token_ids: torch.Tensor,  # [B, K] int
+    target_probs: torch.Tensor,  # [B, K + 1, V]
+    keys: torch.Tensor,  # [B] int64: SamplingMetadata.keys, or rng.request_keys(seeds, steps)
+    validate: bool = True,
+    backend: str | None = None,
+) -> RejectionOutput:
+    """Probabilities in, with FlashInfer's chain_speculative_sampling contract.
+
+    For callers whose distributions have already been through their sampling pipeline: every
+    request is sampled (no greedy) with the same K, and the rows are the p and q of DESIGN §1
+    as they are. Random numbers come from `keys` as in rejection_sample, so a request's
+    acceptance decisions do not depend on the rest of the batch.
+    """
+    if validate:
+        _validate_probs(draft_probs, draft_token_ids, target_probs, keys)
+    if _backend(backend, target_probs) == "native":
+        verify = _native_probs
+    else:
+        verify = _kernels().rejection_sample_probs_triton
+    return verify(draft_probs, draft_token_ids, target_probs, keys)
+
+
+@functools.lru_cache(maxsize=None)
+def default_backend(device_type: str) -> str:
+    """The backend used when the caller names none, decided once per device type (cached):
+    $VERISPEC_SAMPLER_BACKEND when set, else "triton" for CUDA tensors when triton imports,
+    else "native"."""
+    forced = os.environ.get(BACKEND_ENV)
+    if forced:
+        return _check_backend(BACKEND_ENV, forced)
+    return "triton" if device_type == "cuda" and _triton_importable() else "native"
+
+
+def _backend(backend: str | None, tensor: torch.Tensor) -> str:
+    if backend is None:
+        return default_backend(tensor.device.type)
+    name = _check_backend("backend", backend)
+    if name == "triton" and not _triton_importable():
+        raise ValueError(
+            "backend='triton' is unavailable: triton is not installed (pip install verispec[triton])"
+        )
+    return name
+
+
+def _check_backend(name: str, value: object) -> str:
+    if value not in BACKENDS:
+        raise ValueError(f"{name}={value!r} is invalid: expected one of {BACKENDS}")
+    return value
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _kernels() -> ModuleType:
+    """verispec.sample.kernels, imported on first use: triton is an optional dependency."""
+    from . import kernels
+
+    return kernels
+
+
+def _validate_probs(
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    keys: torch.Tensor,
+) -> None:
+    check.check_tensor("target_probs", target_probs, 3, floating=True)
+    device = target_probs.device
+    batch, slots, vocab = target_probs.shape
+    check.check_tensor("draft_probs", draft_probs, 3, floating=True, device=device)
+    check.check_shape("draft_probs", draft_probs, (batch, slots - 1, vocab))
+    check.check_tensor("draft_token_ids", draft_token_ids, 2, integer=True, device=device)
+    check.check_shape("draft_token_ids", draft_token_ids, (batch, slots - 1))
+    check.check_tensor("keys", keys, 1, integer=True, device=device)
+    check.check_shape("keys", keys, (batch,))
+    check.check_prob_values("target_probs", target_probs.reshape(-1, vocab))
+    check.check_prob_values("draft_probs", draft_probs.reshape(-1, vocab))
+    check.check_token_ids("draft_token_ids", draft_token_ids, vocab)
+
+
+def _native_probs(
+    draft_probs: torch.Tensor,  # [B, K, V]
+    draft_token_ids: torch.Tensor,  # [B, K]
+    target_probs: torch.Tensor,  # [B, K + 1, V]
+    keys: torch.Tensor,  # [B]
+) -> RejectionOutput:
+    """log p as logits: softmax(log p) = p, so _native at temperature 1 without filters samples p."""
+    batch, k, vocab = draft_probs.shape
+    device = target_probs.device
+    ones = torch.ones(batch, device=device)
+    zeros = torch.zeros(batch, device=device)
+    sampling = SamplingMetadata(
+        temperature=ones, top_k=zeros.long(), top_p=ones, min_p=zeros, guidance_scale=ones,
+        keys=keys, is_greedy=zeros.bool(), all_greedy=False, all_random=True,
+        any_top_k=False, any_top_p=False, any_min_p=False, any_cfg=False,
+    )
+    return _native(
+        target_probs.reshape(batch * (k + 1), vocab).float().log(),
+        draft_token_ids.reshape(batch * k),
+        torch.arange(batch + 1, device=device) * k,
+        sampling,
+        DraftProbs(draft_probs.reshape(batch * k, vocab)),
+        None,
+        k,
     )
 
 

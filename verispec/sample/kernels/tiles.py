@@ -1,0 +1,78 @@
+"""Launch shapes and buffers, decided in one place.
+
+On a GPU a program handles a tile of about 2K values (one row of a large vocabulary at a time,
+many rows of a small one), and the final-row race is split across programs when there are too
+few requests to fill the machine. Under the Triton interpreter (TRITON_INTERPRET=1, every
+program run one after another in numpy) programs are costly and values cheap, so tiles are
+large and the race is not split. The mode is read when this module is imported, as triton.jit
+reads it when the kernels are defined.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_TILE = 1 << 19 if INTERPRETED else 2048  # values per program tile
+_SEARCH_TILE = 1 << 20 if INTERPRETED else 4096  # values per tile of the pivot comparisons
+_NUM_PIVOTS = 2 if INTERPRETED else 8
+_PROGRAMS_PER_SM = 2
+
+
+class RowTiles(NamedTuple):
+    rows: int  # rows per program
+    block_v: int  # columns per chunk of a pass
+    search_block_v: int  # columns per chunk of a threshold-search pass
+    num_pivots: int
+    max_passes: int  # a bound the search never needs on valid rows (threshold.py)
+    num_warps: int
+
+
+class RequestTiles(NamedTuple):
+    requests: int  # requests per program
+    block_v: int  # columns per chunk of the final-row pass
+    num_splits: int  # programs sharing one final row
+    split_width: int  # columns per split, a multiple of block_v
+    num_warps: int
+
+
+def row_tiles(num_rows: int, vocab: int) -> RowTiles:
+    block_v = min(triton.next_power_of_2(vocab), _TILE)
+    rows = min(_TILE // block_v, triton.next_power_of_2(max(num_rows, 1)))
+    search_block_v = max(1, min(block_v, _SEARCH_TILE // (rows * _NUM_PIVOTS)))
+    max_passes = math.ceil(32 / math.log2(_NUM_PIVOTS + 1)) + 1
+    return RowTiles(rows, block_v, search_block_v, _NUM_PIVOTS, max_passes, _num_warps(rows * block_v))
+
+
+def request_tiles(batch: int, vocab: int, device: torch.device, racing: bool) -> RequestTiles:
+    """racing: some request samples a final token (not all greedy)."""
+    block_v = min(triton.next_power_of_2(vocab), _TILE)
+    requests = min(_TILE // block_v, triton.next_power_of_2(batch))
+    chunks = triton.cdiv(vocab, block_v)
+    splits = 1
+    if racing and not INTERPRETED and device.type == "cuda":
+        wanted = _PROGRAMS_PER_SM * _num_sms(device.index)
+        splits = max(1, min(chunks, wanted // triton.cdiv(batch, requests)))
+    width = triton.cdiv(chunks, splits) * block_v
+    return RequestTiles(requests, block_v, triton.cdiv(vocab, width), width, _num_warps(requests * block_v))
+
+
+def empty(shape: int | tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer the kernels fill; the tests poison it to prove each value read is written."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _num_warps(tile: int) -> int:
+    return 8 if tile >= 2048 else 4
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int | None) -> int:
+    device = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(device).multi_processor_count
