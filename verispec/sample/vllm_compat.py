@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 
 from . import validation as check
-from .metadata import SamplingMetadata
-from .rejection import DraftProbs, rejection_sample
-from ..sampling_params import SamplingParams
+from .rejection import rejection_sample_probs
+from .rng import fresh_seed, request_keys
 
 
 class RejectionSampler(torch.nn.Module):
@@ -44,25 +43,14 @@ class RejectionSampler(torch.nn.Module):
         seeded_seqs: dict[int, torch.Generator] | None = None,
     ) -> torch.Tensor:  # [B, K + 1] int64, -1 after the emitted tokens
         batch, k = draft_token_ids.shape
-        vocab = draft_probs.shape[-1]
         device = target_with_bonus_probs.device
         if self.strict_mode:
             self._check(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        seeds = [None] * batch
+        seeds = [fresh_seed() for _ in range(batch)]
         for row, generator in (seeded_seqs or {}).items():
             seeds[row] = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device))
-        sampling = SamplingMetadata.from_params([SamplingParams()] * batch, seeds=seeds, device=device)
-        # Probabilities in: their logs are processed rows whose softmax is the probabilities.
-        target_rows = target_with_bonus_probs.reshape(batch * (k + 1), vocab).float().log()
-        out = rejection_sample(
-            target_rows,
-            draft_token_ids.reshape(-1),
-            torch.arange(batch + 1, device=device) * k,
-            sampling,
-            DraftProbs(draft_probs.reshape(batch * k, vocab)),
-            max_num_draft_tokens=k,
-            validate=False,
-        )
+        keys = request_keys(torch.tensor(seeds), torch.zeros(batch, dtype=torch.int64)).to(device)
+        out = rejection_sample_probs(draft_probs, draft_token_ids, target_with_bonus_probs, keys, validate=False)
         all_accepted = out.num_accepted == k
         token_ids = out.token_ids.clone()
         token_ids[:, k] = torch.where(all_accepted, bonus_token_ids[:, 0].to(torch.int64), token_ids[:, k])
