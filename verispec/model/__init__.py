@@ -3,7 +3,7 @@
 from verispec.model.attention import AttentionMetadata
 from verispec.model.config import ModelConfig
 from verispec.model.llama import LlamaModel
-from verispec.model.loader import default_model_path, load_model
+from verispec.model.loader import converted_checkpoint_dir, default_model_path, load_model
 from verispec.model.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "LlamaModel",
     "ModelConfig",
     "Tokenizer",
+    "converted_checkpoint_dir",
     "default_model_path",
     "load_model",
 ]

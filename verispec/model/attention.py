@@ -131,7 +131,6 @@ class AttentionPlan:
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        self.num_tokens = starts[-1]
         self.slot_mapping = attn.slot_mapping
         self.singles: list[_Single] = []
         short: list[int] = []
@@ -184,8 +183,7 @@ class AttentionPlan:
 
 def paged_attention(
     q: torch.Tensor,  # [T, num_heads, head_dim], rotary already applied
-    k: torch.Tensor,  # [T, num_kv_heads, head_dim], rotary already applied
-    v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    kv: torch.Tensor,  # [T, 2 * num_kv_heads, head_dim], keys (rotary applied) then values
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     plan: AttentionPlan,
 ) -> torch.Tensor:  # [T, num_heads * head_dim]
@@ -193,9 +191,9 @@ def paged_attention(
     sequence's cached tokens (itself included)."""
     num_tokens, num_heads, head_dim = q.shape
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
-    slots = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
-    slots[0].index_copy_(0, plan.slot_mapping, k)
-    slots[1].index_copy_(0, plan.slot_mapping, v)
+    kv = kv.view(num_tokens, 2, num_kv_heads, head_dim).transpose(0, 1)
+    kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim) \
+        .index_copy_(1, plan.slot_mapping, kv)
 
     group = plan.padded
     padded_out = None
@@ -218,8 +216,8 @@ def paged_attention(
     for single in plan.singles:
         queries = q[single.start : single.end].transpose(0, 1).unsqueeze(0)
         if single.block_ids is None:
-            keys = k[single.start : single.end].transpose(0, 1).unsqueeze(0)
-            values = v[single.start : single.end].transpose(0, 1).unsqueeze(0)
+            keys = kv[0, single.start : single.end].transpose(0, 1).unsqueeze(0)
+            values = kv[1, single.start : single.end].transpose(0, 1).unsqueeze(0)
         else:
             gathered = kv_cache.index_select(1, single.block_ids)
             gathered = gathered.view(2, -1, num_kv_heads, head_dim)[:, : single.seq_len]

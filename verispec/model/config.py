@@ -57,7 +57,8 @@ class ModelConfig:
             value = getattr(self, name)
             _require(name, value, "a positive int", _is_int(value) and value > 0)
         _require("num_kv_heads", self.num_kv_heads,
-                 f"a divisor of num_heads={self.num_heads}", self.num_heads % self.num_kv_heads == 0)
+                 f"a divisor of num_heads={self.num_heads}",
+                 self.num_heads % self.num_kv_heads == 0)
         _require("head_dim", self.head_dim, "an even number (rotate-half rotary embeddings)",
                  self.head_dim % 2 == 0)
         _require("rms_norm_eps", self.rms_norm_eps, "a positive number",
@@ -73,7 +74,3 @@ class ModelConfig:
         _require("eos_token_ids", self.eos_token_ids, f"a tuple of {in_vocab}",
                  isinstance(self.eos_token_ids, tuple)
                  and all(_is_int(t) and 0 <= t < self.vocab_size for t in self.eos_token_ids))
-
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads

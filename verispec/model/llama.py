@@ -4,7 +4,7 @@ RMSNorm, rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, t
 LM head: the architecture of Llama 2/3 (without rope scaling) and SmolLM2. Built for speed
 at small scale, where per-op overhead and memory traffic dominate:
 - q/k/v are one matrix and gate/up another, so a layer runs four matrix multiplies;
-- rotary is applied to q and k in one go; norms are torch's fused RMSNorm;
+- rotary is applied to q and k together, in place; norms are torch's rms_norm;
 - the LM head runs only on the rows that need logits.
 
 Weights are loaded with `load_weights` from a mapping in Hugging Face names (the loaders turn
@@ -21,9 +21,11 @@ from torch import nn
 
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
-from verispec.model.rotary import RotaryEmbedding, apply_rotary
+from verispec.model.rotary import RotaryEmbedding, apply_rotary_
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+# Up to this many rows, CPU float32 products take the skinny path (see Linear).
+SKINNY_MAX_ROWS = 64
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -31,28 +33,29 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 class Linear(nn.Module):
-    """y = x W^T without bias, W stored in the layout its backend multiplies fastest.
+    """y = x W^T without bias, W stored [out_features, in_features] as checkpoints store it.
 
-    Measured on 2 CPU cores at decode sizes, MKL multiplies fp32 rows by a wide matrix
-    (out_features >= in_features) 1.2-1.9x faster when it is stored [in, out], and by a tall one
-    (SmolLM2's down projection) faster stored [out, in]; oneDNN's bf16 kernels and the CUDA
-    kernels are at their best with the usual [out, in].
+    On CPU in float32, inputs of up to SKINNY_MAX_ROWS rows (decode, verify, small batches) are
+    multiplied as (W @ x^T)^T. Measured on 2 cores with SmolLM2's shapes, MKL runs that 1.1-3x
+    faster than x @ W^T for 2-64 rows (5 rows cost 1.5x one row instead of 3x), but slower for
+    one row than for two, so a single row is padded to two. Longer inputs (prefill) and other
+    devices or dtypes (oneDNN for bf16, cuBLAS) take F.linear, their fastest.
     """
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         super().__init__()
-        self.transposed = (device.type == "cpu" and dtype == torch.float32
-                           and out_features >= in_features)
-        shape = (in_features, out_features) if self.transposed else (out_features, in_features)
-        self.weight = _empty(shape, dtype, device)
-        self.matmul = torch.matmul if self.transposed else F.linear
-
-    def load(self, weight: torch.Tensor) -> None:  # [out_features, in_features]
-        self.weight.copy_(weight.t() if self.transposed else weight)
+        self.weight = _empty((out_features, in_features), dtype, device)
+        self.skinny = device.type == "cpu" and dtype == torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        return self.matmul(x, self.weight)
+        rows = x.shape[0]
+        if not self.skinny or rows > SKINNY_MAX_ROWS:
+            return F.linear(x, self.weight)
+        if rows == 1:
+            # A real second row: a stride-0 (expanded) one would leave BLAS for a slow path.
+            return torch.mm(self.weight, torch.cat((x, x)).t())[:, :1].t().contiguous()
+        return torch.mm(self.weight, x.t()).t().contiguous()
 
 
 class DecoderLayer(nn.Module):
@@ -64,7 +67,6 @@ class DecoderLayer(nn.Module):
         head_dim, inter = config.head_dim, config.intermediate_size
         self.eps = config.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.qk_width = (heads + kv_heads) * head_dim
         self.inter = inter
         self.input_norm = _empty((hidden,), dtype, device)
         self.post_attention_norm = _empty((hidden,), dtype, device)
@@ -83,10 +85,9 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, hidden_size]
         num_tokens, width = hidden.shape
         x = F.rms_norm(hidden, (width,), self.input_norm, self.eps)
-        qkv = self.qkv_proj(x)
-        qk = apply_rotary(qkv[:, : self.qk_width].view(num_tokens, -1, self.head_dim), cos, sin)
-        v = qkv[:, self.qk_width :].view(num_tokens, self.kv_heads, self.head_dim)
-        attn = paged_attention(qk[:, : self.heads], qk[:, self.heads :], v, kv_cache, plan)
+        qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # heads: q, then k, then v
+        apply_rotary_(qkv[:, : self.heads + self.kv_heads], cos, sin)
+        attn = paged_attention(qkv[:, : self.heads], qkv[:, self.heads :], kv_cache, plan)
         hidden += self.o_proj(attn)
 
         x = F.rms_norm(hidden, (width,), self.post_attention_norm, self.eps)
@@ -109,7 +110,8 @@ class LlamaModel(nn.Module):
                  device: torch.device | str = "cpu") -> None:
         super().__init__()
         if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype={dtype!r} is not supported: expected one of {SUPPORTED_DTYPES}")
+            raise ValueError(
+                f"dtype={dtype!r} is not supported: expected one of {SUPPORTED_DTYPES}")
         device = torch.device(device)
         self.config, self.dtype, self.device = config, dtype, device
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, dtype, device)
@@ -118,9 +120,7 @@ class LlamaModel(nn.Module):
             DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
         self.norm = _empty((config.hidden_size,), dtype, device)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, device)
-        if config.tie_word_embeddings and not self.lm_head.transposed:
-            # Otherwise a tied head is a transposed copy: embedding lookups need rows of
-            # [vocab, hidden], the head wants [hidden, vocab].
+        if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -144,22 +144,22 @@ class LlamaModel(nn.Module):
             embed = get("model.embed_tokens.weight", (cfg.vocab_size, hidden))
             self.embed_tokens.copy_(embed)
             self.norm.copy_(get("model.norm.weight", (hidden,)))
-            if self.lm_head.weight is not self.embed_tokens:
-                self.lm_head.load(embed if cfg.tie_word_embeddings
-                                  else get("lm_head.weight", (cfg.vocab_size, hidden)))
+            if not cfg.tie_word_embeddings:
+                self.lm_head.weight.copy_(get("lm_head.weight", (cfg.vocab_size, hidden)))
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
                 layer.input_norm.copy_(get(p + "input_layernorm.weight", (hidden,)))
-                layer.post_attention_norm.copy_(get(p + "post_attention_layernorm.weight", (hidden,)))
+                layer.post_attention_norm.copy_(
+                    get(p + "post_attention_layernorm.weight", (hidden,)))
                 qkv = torch.cat([get(p + "self_attn.q_proj.weight", (q_width, hidden)),
                                  get(p + "self_attn.k_proj.weight", (kv_width, hidden)),
                                  get(p + "self_attn.v_proj.weight", (kv_width, hidden))])
-                layer.qkv_proj.load(qkv)
-                layer.o_proj.load(get(p + "self_attn.o_proj.weight", (hidden, q_width)))
+                layer.qkv_proj.weight.copy_(qkv)
+                layer.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight", (hidden, q_width)))
                 gate_up = torch.cat([get(p + "mlp.gate_proj.weight", (inter, hidden)),
                                      get(p + "mlp.up_proj.weight", (inter, hidden))])
-                layer.gate_up_proj.load(gate_up)
-                layer.down_proj.load(get(p + "mlp.down_proj.weight", (hidden, inter)))
+                layer.gate_up_proj.weight.copy_(gate_up)
+                layer.down_proj.weight.copy_(get(p + "mlp.down_proj.weight", (hidden, inter)))
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim].

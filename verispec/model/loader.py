@@ -53,8 +53,13 @@ def _cache_entry(gguf_path: Path) -> Path:
     return cache_dir() / f"{gguf_path.stem}-{digest}"
 
 
-def _write_cache(entry: Path, checkpoint: GGUFCheckpoint) -> bool:
-    """Store a converted GGUF file as a checkpoint directory; False if it could not be written."""
+def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
+    """The cached checkpoint directory for a GGUF file, converting it first if needed; the
+    converted checkpoint itself (in memory) when the cache cannot be written."""
+    entry = _cache_entry(gguf_path)
+    if (entry / "model.safetensors").is_file():
+        return entry
+    checkpoint = read_gguf(gguf_path, progress)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
@@ -66,21 +71,22 @@ def _write_cache(entry: Path, checkpoint: GGUFCheckpoint) -> bool:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError as error:
         warnings.warn(f"could not cache the dequantized model in {entry.parent} ({error}); "
-                      f"it will be dequantized again next time", stacklevel=4)
-        return False
-    return True
+                      f"it will be dequantized again next time", stacklevel=3)
+        return checkpoint
+    return entry
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device,
-               progress: bool) -> tuple[LlamaModel, Tokenizer]:
-    entry = _cache_entry(path)
-    if not (entry / "model.safetensors").is_file():
-        checkpoint = read_gguf(path, progress)
-        if not _write_cache(entry, checkpoint):
-            model = LlamaModel(checkpoint.config, dtype=dtype, device=device)
-            model.load_weights(checkpoint.weights)
-            return model.eval(), checkpoint.tokenizer
-    return _load_directory(entry, dtype, device)
+def converted_checkpoint_dir(model: str | os.PathLike[str] | None = None,
+                             progress: bool = True) -> Path:
+    """The cache directory holding a GGUF file (None: the embedded default) converted to a
+    Hugging Face checkpoint, converting it first if needed. transformers loads it too."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise ValueError(f"model={str(model)!r} is invalid: expected a .gguf file")
+    converted = _convert(path, progress)
+    if not isinstance(converted, Path):
+        raise OSError(f"could not write the converted checkpoint under {cache_dir()}")
+    return converted
 
 
 def _load_directory(directory: Path, dtype: torch.dtype,
@@ -119,7 +125,12 @@ def load_model(
     path = default_model_path() if model is None else Path(model).expanduser()
 
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _load_gguf(path, dtype, device, progress)
+        converted = _convert(path, progress)
+        if isinstance(converted, Path):
+            return _load_directory(converted, dtype, device)
+        llama = LlamaModel(converted.config, dtype=dtype, device=device)
+        llama.load_weights(converted.weights)
+        return llama.eval(), converted.tokenizer
     if path.is_dir() and (path / "config.json").is_file():
         return _load_directory(path, dtype, device)
     if not path.exists():

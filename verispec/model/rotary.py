@@ -12,7 +12,8 @@ import torch
 
 
 class RotaryEmbedding:
-    """Angles for a head width and base theta; `angles` then `apply` in each forward."""
+    """Angles for a head width and base theta: `angles` once per forward, then `apply_rotary_`
+    in every layer."""
 
     def __init__(self, head_dim: int, theta: float, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -26,18 +27,19 @@ class RotaryEmbedding:
         """cos and sign-folded sin, in the model dtype, broadcastable over heads."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # float32 as in HF
         cos, sin = freqs.cos(), freqs.sin()
-        # The sign of rotate_half lives in sin, so `apply` needs no negation.
+        # The sign of rotate_half lives in sin, so `apply_rotary_` needs no negation.
         cos = torch.cat((cos, cos), dim=-1).to(self.dtype)
         sin = torch.cat((-sin, sin), dim=-1).to(self.dtype)
         return cos[:, None, :], sin[:, None, :]
 
 
-def apply_rotary(
-    x: torch.Tensor,  # [T, heads, head_dim]
+def apply_rotary_(
+    x: torch.Tensor,  # [T, heads, head_dim], rotated in place (may be a view)
     cos: torch.Tensor,  # [T, 1, head_dim] from RotaryEmbedding.angles
     sin: torch.Tensor,  # [T, 1, head_dim] sign-folded, from RotaryEmbedding.angles
-) -> torch.Tensor:  # [T, heads, head_dim]
+) -> None:
     num_tokens, heads, head_dim = x.shape
     # [x2, x1] by swapping the halves; with sin = [-s, s] this is rotate_half(x) * [s, s].
-    swapped = x.reshape(num_tokens, heads, 2, head_dim // 2).flip(2).view(num_tokens, heads, head_dim)
-    return (x * cos).addcmul_(swapped, sin)
+    halves = x.reshape(num_tokens, heads, 2, head_dim // 2)
+    swapped = halves.flip(2).view(num_tokens, heads, head_dim)
+    x.mul_(cos).addcmul_(swapped, sin)

@@ -66,7 +66,8 @@ class Tokenizer:
             raise ValueError(f"model={str(directory)!r} has no tokenizer.json")
         backend = tokenizers.Tokenizer.from_file(str(path))
         config_path = directory / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        config = (json.loads(config_path.read_text(encoding="utf-8"))
+                  if config_path.is_file() else {})
 
         def special_id(key: str, fallback: int | None) -> int | None:
             content = _token_content(config.get(key))
