@@ -38,6 +38,11 @@ class SpeculativeConfig:
         tokenizer, given by `draft_model`), or "none".
     num_speculative_tokens: K, the most draft tokens per request per step.
     ngram_min / ngram_max: n-gram sizes tried, longest first.
+    adaptive: choose each request's K per step from its acceptance so far (spec/adaptive.py),
+        never above num_speculative_tokens; off: always num_speculative_tokens.
+    draft_token_cost: for `adaptive`, the cost of drafting and verifying one more token,
+        relative to a plain decode step (about 0.07 for n-gram on the default model on CPU;
+        add the draft model's cost per token for "draft_model").
     """
 
     method: str = "none"
@@ -45,6 +50,8 @@ class SpeculativeConfig:
     draft_model: str | None = None
     ngram_min: int = 1
     ngram_max: int = 3
+    adaptive: bool = True
+    draft_token_cost: float = 0.1
 
     def __post_init__(self) -> None:
         _require(self.method in ("ngram", "draft_model", "none"), "method", self.method,
@@ -58,6 +65,8 @@ class SpeculativeConfig:
         _positive_int("ngram_min", self.ngram_min)
         _require(isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min, "ngram_max",
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
+        _require(isinstance(self.draft_token_cost, (int, float)) and self.draft_token_cost > 0,
+                 "draft_token_cost", self.draft_token_cost, "a number > 0")
 
     @property
     def enabled(self) -> bool:

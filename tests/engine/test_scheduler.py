@@ -20,7 +20,7 @@ def make(num_blocks=64, block_size=4, budget=32, max_seqs=8, max_len=4096):
 
 def request(i: int, prompt_len: int, k: int = 0, max_tokens: int = 100, uncond: list[int] | None = None) -> Request:
     return Request(f"r{i}", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), seed=i,
-                   arrival=i, num_speculative_tokens=k, uncond_token_ids=uncond)
+                   arrival=i, num_speculative_tokens=k, max_speculative_tokens=k, uncond_token_ids=uncond)
 
 
 def emit(sched: Scheduler, accepted=lambda plan: 0) -> list:

@@ -19,6 +19,7 @@ from ..model import LlamaModel, Tokenizer
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
+from ..spec.adaptive import AdaptiveK
 from ..spec.base import Drafter, DraftRequest
 from ..spec.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
@@ -56,6 +57,8 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.drafter = drafter
+        spec = config.speculative
+        self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.draft_token_cost) if spec.adaptive else None
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, self.blocks)
@@ -99,7 +102,8 @@ class LLMEngine:
         request = Request(
             request_id=request_id, prompt_token_ids=ids, params=params,
             seed=params.seed if params.seed is not None else fresh_seed(),
-            arrival=arrival, num_speculative_tokens=k, uncond_token_ids=uncond, prompt=text,
+            arrival=arrival, num_speculative_tokens=self._next_k(request_id, k), max_speculative_tokens=k,
+            uncond_token_ids=uncond, prompt=text,
         )
         self._requests[request_id] = request
         self._decoders[request_id] = self.tokenizer.incremental_decoder()
@@ -153,9 +157,18 @@ class LLMEngine:
             request = p.request
             self.scheduler.commit(p, num_accepted)
             request.step += 1
-            request.stats.observe(len(drafts.get(request.request_id, [])), num_accepted)
+            num_draft = len(drafts.get(request.request_id, []))
+            request.stats.observe(num_draft, num_accepted)
+            if self.adaptive is not None:
+                self.adaptive.observe(request.request_id, num_draft, num_accepted)
+                request.num_speculative_tokens = self._next_k(request.request_id, request.max_speculative_tokens)
             outputs.append(self._append(request, tokens))
         return outputs
+
+    def _next_k(self, request_id: str, cap: int) -> int:
+        if cap == 0 or self.adaptive is None:
+            return cap
+        return min(cap, self.adaptive.num_draft_tokens(request_id))
 
     def _propose(self, sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
         speculating = [p for p in sampling if p.num_draft_slots > 0]
@@ -249,6 +262,8 @@ class LLMEngine:
     def _forget(self, request: Request) -> None:
         if self.drafter is not None:
             self.drafter.release(request.request_id)
+        if self.adaptive is not None:
+            self.adaptive.release(request.request_id)
         self._requests.pop(request.request_id, None)
         self._decoders.pop(request.request_id, None)
 

@@ -47,7 +47,8 @@ class Request:
     params: SamplingParams
     seed: int
     arrival: int  # admission order; the newest running request is preempted first
-    num_speculative_tokens: int
+    num_speculative_tokens: int  # K for the next step (adaptive), at most max_speculative_tokens
+    max_speculative_tokens: int
     uncond_token_ids: list[int] | None = None  # CFG companion prefix; None without CFG
     prompt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)

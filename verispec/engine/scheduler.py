@@ -153,7 +153,7 @@ class Scheduler:
 
     def _can_ever_fit(self, request: Request) -> bool:
         size = self.blocks.block_size
-        final = [len(s.prefix_token_ids) + request.params.max_tokens + request.num_speculative_tokens for s in request.seqs]
+        final = [len(s.prefix_token_ids) + request.params.max_tokens + request.max_speculative_tokens for s in request.seqs]
         return sum(-(-n // size) for n in final) <= self.blocks.num_blocks
 
     def _preempt(self, request: Request) -> None:

@@ -1,0 +1,158 @@
+"""End to end on the embedded default model: verispec against Hugging Face transformers.
+
+Side by side in one process, on the same weights (the dequantized SmolLM2-135M-Instruct) and the
+same prompts, greedy, for each dtype:
+- batch 1, a copy-heavy prompt and an open-ended one: HF `generate`, HF prompt-lookup assisted
+  generation, verispec without speculation, verispec with the n-gram drafter;
+- batch 16 aggregate throughput: HF `generate` (left-padded batch) and verispec.
+Also printed: the weight-bytes floor of one decode step (model bytes / copy bandwidth measured in
+the same run) and whether each greedy output equals HF's token for token.
+
+    python bench/e2e.py                       # fp32 and bf16, 2 threads
+    python bench/e2e.py --dtype float32 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from common import copy_bandwidth, write_json
+from transformers import AutoModelForCausalLM
+
+from verispec import SamplingParams
+from verispec.engine.llm import LLM, resolve_dtype
+from verispec.model.loader import converted_checkpoint_dir
+
+COPY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+    "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. "
+    "The five boxing wizards jump quickly. Jackdaws love my big sphinx of quartz."
+)
+PROMPTS = {
+    "copy": f"Repeat the following text exactly, word for word:\n\n{COPY_TEXT}",
+    "open": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+BATCH_TOPICS = [
+    "the ocean", "volcanoes", "bees", "the moon", "chess", "bread", "rivers", "owls",
+    "glaciers", "trains", "tea", "deserts", "whales", "clocks", "maps", "rain",
+]
+
+
+def chat(llm: LLM, text: str) -> list[int]:
+    rendered = llm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return llm.tokenizer.encode(rendered)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def hf_generate(model, prompts: list[list[int]], max_tokens: int, **kwargs) -> tuple[list[list[int]], float]:
+    """Greedy, left-padded; returns generated ids (up to and including EOS) and seconds."""
+    width = max(len(p) for p in prompts)
+    pad = model.generation_config.eos_token_id
+    pad = pad[0] if isinstance(pad, list) else pad
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out, seconds = timed(lambda: model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
+            pad_token_id=pad, **kwargs,
+        ))
+    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+              else [model.generation_config.eos_token_id])
+    results = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        results.append(row[:cut])
+    return results, seconds
+
+
+def ours(llm: LLM, prompts: list[list[int]], max_tokens: int, fixed_length: bool = False) -> tuple[list[list[int]], float, float]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=fixed_length)
+    outs, seconds = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+    stats = [o.stats for o in outs]
+    drafted = sum(s.num_draft_tokens for s in stats)
+    acceptance = sum(s.num_accepted_tokens for s in stats) / drafted if drafted else 0.0
+    return [o.token_ids for o in outs], seconds, acceptance
+
+
+def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float) -> list[dict]:
+    dtype = resolve_dtype(dtype_name)
+    plain = LLM(draft="none", dtype=dtype, kv_cache_gib=0.25, progress=False)
+    ngram = LLM(draft="ngram", num_speculative_tokens=k, dtype=dtype, kv_cache_gib=0.25, progress=False)
+    hf = AutoModelForCausalLM.from_pretrained(converted_checkpoint_dir(), dtype=dtype).eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    floor_s = weight_bytes / bandwidth
+    print(f"\n== {dtype_name}: weights {weight_bytes / 2**20:.0f} MiB, decode-step floor {floor_s * 1e3:.1f} ms "
+          f"({1 / floor_s:.0f} tok/s at batch 1)")
+    warm = chat(plain, "Hi")
+    hf_generate(hf, [warm], 4)
+    ours(plain, [warm], 4)
+    rows = []
+    print(f"{'prompt':<6} {'system':<24} {'tokens':>6} {'tok/s':>7} {'vs HF':>6} {'vs HF-PL':>8} {'accept':>6} {'same as HF':>10}")
+    for name, text in PROMPTS.items():
+        prompt = chat(plain, text)
+        (hf_ids,), hf_s = hf_generate(hf, [prompt], max_tokens)
+        (pl_ids,), pl_s = hf_generate(hf, [prompt], max_tokens, prompt_lookup_num_tokens=k)
+        (plain_ids,), plain_s, _ = ours(plain, [prompt], max_tokens)
+        (ng_ids,), ng_s, acceptance = ours(ngram, [prompt], max_tokens)
+        entries = [
+            ("HF generate", hf_ids, hf_s, None),
+            ("HF prompt lookup", pl_ids, pl_s, None),
+            ("verispec", plain_ids, plain_s, None),
+            ("verispec + n-gram", ng_ids, ng_s, acceptance),
+        ]
+        hf_rate = len(hf_ids) / hf_s
+        pl_rate = len(pl_ids) / pl_s
+        for system, ids, seconds, acc in entries:
+            rate = len(ids) / seconds
+            row = {"dtype": dtype_name, "prompt": name, "batch": 1, "system": system, "tokens": len(ids),
+                   "seconds": seconds, "tok_per_s": rate, "vs_hf": rate / hf_rate, "vs_hf_prompt_lookup": rate / pl_rate,
+                   "acceptance": acc, "same_as_hf": ids == hf_ids, "floor_tok_per_s": 1 / floor_s}
+            rows.append(row)
+            print(f"{name:<6} {system:<24} {len(ids):>6} {rate:>7.1f} {rate / hf_rate:>5.2f}x {rate / pl_rate:>7.2f}x"
+                  f" {'' if acc is None else f'{acc:.2f}':>6} {str(ids == hf_ids):>10}")
+    # Throughput: every request generates exactly max_tokens (EOS ignored), as throughput
+    # benchmarks usually fix output lengths, so no system is measured on a lone straggler.
+    prompts = [chat(plain, f"Write three sentences about {t}.") for t in BATCH_TOPICS]
+    hf_out, hf_s = hf_generate(hf, prompts, max_tokens, min_new_tokens=max_tokens)
+    (first,), first_s, _ = ours(plain, prompts[:1], max_tokens, fixed_length=True)
+    single = len(first) / first_s
+    for system, (ids, seconds) in (
+        ("HF generate", (hf_out, hf_s)),
+        ("verispec", ours(plain, prompts, max_tokens, fixed_length=True)[:2]),
+        ("verispec + n-gram", ours(ngram, prompts, max_tokens, fixed_length=True)[:2]),
+    ):
+        total = sum(len(x) for x in ids)
+        rate = total / seconds
+        rows.append({"dtype": dtype_name, "prompt": "16 topics", "batch": 16, "system": system, "tokens": total,
+                     "seconds": seconds, "tok_per_s": rate, "vs_hf": rate / (sum(len(x) for x in hf_out) / hf_s),
+                     "vs_own_batch1": rate / single})
+        print(f"{'b=16':<6} {system:<24} {total:>6} {rate:>7.1f} {rows[-1]['vs_hf']:>5.2f}x"
+              f"   ({rate / single:.1f}x our batch-1 tok/s, first prompt alone)")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("-k", type=int, default=5, help="draft tokens per step, ours and HF prompt lookup")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/e2e.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bandwidth = copy_bandwidth(torch.device("cpu"))
+    print(f"threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s")
+    rows = [row for dtype in args.dtype for row in run_dtype(dtype, args.max_tokens, args.k, bandwidth)]
+    write_json(args.json, torch.device("cpu"), rows, copy_bandwidth_bytes_per_s=bandwidth)
+
+
+if __name__ == "__main__":
+    main()
