@@ -86,8 +86,9 @@ def sampler_table() -> None:
 
 
 DEMO_PROMPT = (
-    "Here is a shopping list: apples, bread, milk, eggs, cheese, tomatoes, rice, coffee. "
-    "Write the list again as a numbered list, one item per line."
+    "Repeat the following text exactly, word for word:\n\nThe quick brown fox jumps over the lazy "
+    "dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump! Sphinx of "
+    "black quartz, judge my vow."
 )
 
 

@@ -29,7 +29,7 @@ class _Estimate:
 
 
 class AdaptiveK:
-    def __init__(self, max_k: int, draft_token_cost: float = 0.1, prior: float = 0.6,
+    def __init__(self, max_k: int, draft_token_cost: float = 0.1, prior: float = 0.3,
                  prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8) -> None:
         for name, value, ok in (
             ("max_k", max_k, isinstance(max_k, int) and max_k >= 0),
