@@ -10,8 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .engine.engine import RequestOutput
+    from .engine.llm import LLM
 
 EPILOG = """\
 Speculative decoding here is exact: with --draft ngram or a draft model, the output follows the
@@ -59,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> tuple[RequestOutput | None, float]:
+    """Prints a request's text as it is generated; returns (final RequestOutput or None, seconds)."""
+    start = time.perf_counter()
+    last = None
+    for out in llm.stream(prompt, params):
+        print(out.new_text, end="", flush=True)
+        last = out
+    return last, time.perf_counter() - start
+
+
 def generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -77,12 +92,7 @@ def generate(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    start = time.perf_counter()
-    last = None
-    for out in llm.stream(prompt, params):
-        print(out.new_text, end="", flush=True)
-        last = out
-    elapsed = time.perf_counter() - start
+    last, elapsed = stream_to_stdout(llm, prompt, params)
     print()
     if last is None:
         return 1

@@ -93,6 +93,7 @@ DEMO_PROMPT = (
 
 
 def generation_demo() -> None:
+    from .cli import stream_to_stdout
     from .engine.llm import LLM
 
     print("== Part 1: exact speculative decoding on SmolLM2-135M-Instruct (CPU) ==\n")
@@ -102,12 +103,7 @@ def generation_demo() -> None:
     prompt = spec.tokenizer.apply_chat_template([{"role": "user", "content": DEMO_PROMPT}])
     params = SamplingParams(temperature=0, max_tokens=96)
     print(f"\nuser: {DEMO_PROMPT}\nassistant (streamed, n-gram drafts, K=5):\n")
-    start = time.perf_counter()
-    last = None
-    for out in spec.stream(prompt, params):
-        print(out.new_text, end="", flush=True)
-        last = out
-    spec_s = time.perf_counter() - start
+    last, spec_s = stream_to_stdout(spec, prompt, params)
     start = time.perf_counter()
     (reference,) = plain.generate([prompt], params, use_tqdm=False)
     plain_s = time.perf_counter() - start
