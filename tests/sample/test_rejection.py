@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -204,18 +206,25 @@ def test_bad_input_names_the_argument(mutate, match) -> None:
         rejection_sample(args["target"], args["ids"], args["cu"], args["sampling"], draft=args["draft"])
 
 
-def test_garbage_without_validation_never_emits_out_of_range_ids() -> None:
+@pytest.mark.parametrize("backend", ["native", pytest.param("triton", marks=pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"))])
+def test_garbage_without_validation_never_emits_out_of_range_ids(backend: str) -> None:
+    """NaN / +-inf rows, NaN draft rows and out-of-range draft ids, unvalidated: every emitted id
+    stays in [0, V) and placeholders follow, on every backend."""
     g = torch.Generator().manual_seed(4)
     vocab = 8
     target = torch.randn(11, vocab, generator=g)
     target[0] = float("nan")
     target[4] = float("-inf")
     target[7, 2] = float("inf")
+    uncond = target.flip(0)
     ids = torch.tensor([9, -3, 2, 5, 100, 1, 0, 3])
     cu = torch.tensor([0, 2, 5, 8])
-    for params in (SamplingParams(), SamplingParams(temperature=0), SamplingParams(top_k=3, top_p=0.5)):
-        for draft in (None, DraftProbs(torch.full((8, vocab), float("nan")))):
+    nan_rows = torch.full((8, vocab), float("nan"))
+    for params in (SamplingParams(), GREEDY, SamplingParams(top_k=3, top_p=0.5, min_p=0.1, guidance_scale=2.0)):
+        for draft in (None, DraftProbs(nan_rows), DraftLogits(nan_rows)):
             sampling = SamplingMetadata.from_params([params] * 3, seeds=[1, 2, 3])
-            out = rejection_sample(target, ids, cu, sampling, draft=draft, validate=False)
-            emitted = torch.cat([row[:n] for row, n in zip(out.token_ids, out.num_emitted.tolist())])
-            assert bool(((emitted >= 0) & (emitted < vocab)).all()), out.token_ids
+            out = rejection_sample(target, ids, cu, sampling, draft=draft, uncond_logits=uncond,
+                                   validate=False, max_num_draft_tokens=3, backend=backend)
+            for row, n in zip(out.token_ids.tolist(), out.num_emitted.tolist()):
+                assert all(0 <= t < vocab for t in row[:n]) and all(t == -1 for t in row[n:]), out.token_ids
