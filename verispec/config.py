@@ -40,9 +40,9 @@ class SpeculativeConfig:
     ngram_min / ngram_max: n-gram sizes tried, longest first.
     adaptive: choose each request's K per step from its acceptance so far (spec/adaptive.py),
         never above num_speculative_tokens; off: always num_speculative_tokens.
-    draft_token_cost: for `adaptive`, the cost of drafting and verifying one more token,
-        relative to a plain decode step (about 0.07 for n-gram on the default model on CPU;
-        add the draft model's cost per token for "draft_model").
+    row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
+        pass's fixed cost (about 0.1 for the default model on CPU; a draft model's own cost per
+        token adds to it).
     """
 
     method: str = "none"
@@ -51,7 +51,7 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 3
     adaptive: bool = True
-    draft_token_cost: float = 0.1
+    row_cost: float = 0.1
 
     def __post_init__(self) -> None:
         _require(self.method in ("ngram", "draft_model", "none"), "method", self.method,
@@ -65,8 +65,8 @@ class SpeculativeConfig:
         _positive_int("ngram_min", self.ngram_min)
         _require(isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min, "ngram_max",
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
-        _require(isinstance(self.draft_token_cost, (int, float)) and self.draft_token_cost > 0,
-                 "draft_token_cost", self.draft_token_cost, "a number > 0")
+        _require(isinstance(self.row_cost, (int, float)) and self.row_cost > 0,
+                 "row_cost", self.row_cost, "a number > 0")
 
     @property
     def enabled(self) -> bool:

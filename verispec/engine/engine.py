@@ -58,7 +58,7 @@ class LLMEngine:
         self.config = config
         self.drafter = drafter
         spec = config.speculative
-        self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.draft_token_cost) if spec.adaptive else None
+        self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost) if spec.adaptive else None
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, self.blocks)
@@ -102,7 +102,7 @@ class LLMEngine:
         request = Request(
             request_id=request_id, prompt_token_ids=ids, params=params,
             seed=params.seed if params.seed is not None else fresh_seed(),
-            arrival=arrival, num_speculative_tokens=self._next_k(request_id, k), max_speculative_tokens=k,
+            arrival=arrival, num_speculative_tokens=self._next_k(request_id, k, params), max_speculative_tokens=k,
             uncond_token_ids=uncond, prompt=text,
         )
         self._requests[request_id] = request
@@ -161,14 +161,19 @@ class LLMEngine:
             request.stats.observe(num_draft, num_accepted)
             if self.adaptive is not None:
                 self.adaptive.observe(request.request_id, num_draft, num_accepted)
-                request.num_speculative_tokens = self._next_k(request.request_id, request.max_speculative_tokens)
+                request.num_speculative_tokens = self._next_k(
+                    request.request_id, request.max_speculative_tokens, request.params)
             outputs.append(self._append(request, tokens))
         return outputs
 
-    def _next_k(self, request_id: str, cap: int) -> int:
+    def _next_k(self, request_id: str, cap: int, params: SamplingParams) -> int:
         if cap == 0 or self.adaptive is None:
             return cap
-        return min(cap, self.adaptive.num_draft_tokens(request_id))
+        # K decides which random numbers a sampled request consumes, so a seeded one takes K from
+        # its own history alone (batch size 1 in the cost model) to stay batch invariant.
+        seeded = params.seed is not None and not params.greedy
+        batch = 1 if seeded else len(self.scheduler.running)
+        return min(cap, self.adaptive.num_draft_tokens(request_id, batch))
 
     def _propose(self, sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
         speculating = [p for p in sampling if p.num_draft_slots > 0]
