@@ -10,7 +10,8 @@ ratio, and the bytes floor (logits + draft probabilities read once, at the copy 
 measured in the same run). JSON goes to bench/results/verify.json (or --json).
 
     python bench/verify.py                      # CPU, 2 threads
-    python bench/verify.py --device cuda        # adds the Triton path when available
+    python bench/verify.py --device cuda --batch 1 8 64 256 --k 3 5 --vocab 128256 \
+        --dtype float32 bfloat16 --modes random greedy top-k50-p0.9   # + the Triton path
 """
 
 from __future__ import annotations
@@ -26,15 +27,32 @@ from verispec import SamplingMetadata, SamplingParams
 from verispec.sample import DraftProbs, rejection_sample
 
 
+def baseline_filter(
+    logits: torch.Tensor,  # [B, K + 1, V] float32
+    top_k: int,
+    top_p: float,
+) -> torch.Tensor:  # [B, K + 1, V] with filtered tokens at -inf
+    """Top-k then top-p the usual way: sort every row."""
+    ordered, index = logits.sort(dim=-1, descending=True)
+    ordered[..., top_k:] = float("-inf")
+    probs = ordered.softmax(dim=-1)
+    outside = probs.cumsum(dim=-1) - probs > top_p
+    ordered = ordered.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, index, ordered)
+
+
 def baseline_verify(
     target_logits: torch.Tensor,  # [B, K + 1, V]
     draft_ids: torch.Tensor,  # [B, K]
     draft_probs: torch.Tensor,  # [B, K, V]
-    temperature: float,
+    filters: tuple[int, float] | None,
 ) -> torch.Tensor:  # [B, K + 1]
     batch, k1, _ = target_logits.shape
     k = k1 - 1
-    p = (target_logits.float() / temperature).softmax(dim=-1)
+    logits = target_logits.float()
+    if filters is not None:
+        logits = baseline_filter(logits, *filters)
+    p = logits.softmax(dim=-1)
     px = p[:, :k].gather(2, draft_ids[..., None])[..., 0]
     qx = draft_probs.gather(2, draft_ids[..., None])[..., 0]
     accept = torch.rand(batch, k, device=p.device) * qx < px
@@ -52,12 +70,21 @@ def baseline_verify(
     return torch.where(slot < n, padded, torch.where(slot == n, final, -1))
 
 
-def run_case(batch: int, k: int, vocab: int, greedy: bool, device: torch.device, reps: int, backends: list[str]) -> dict:
+MODES = {
+    "random": SamplingParams(temperature=1.0),
+    "greedy": SamplingParams(temperature=0.0),
+    "top-k50-p0.9": SamplingParams(temperature=1.0, top_k=50, top_p=0.9),
+}
+
+
+def run_case(batch: int, k: int, vocab: int, mode: str, dtype: torch.dtype, device: torch.device, reps: int,
+             backends: list[str]) -> dict:
     g = torch.Generator(device=device).manual_seed(0)
-    logits = torch.randn(batch, k + 1, vocab, device=device, generator=g) * 3
+    logits = (torch.randn(batch, k + 1, vocab, device=device, generator=g) * 3).to(dtype)
     draft_probs = torch.softmax(torch.randn(batch, k, vocab, device=device, generator=g) * 3, dim=-1)
     draft_ids = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
-    params = SamplingParams(temperature=0.0 if greedy else 1.0)
+    params = MODES[mode]
+    filters = (params.top_k, params.top_p) if params.top_k else None
     sampling = SamplingMetadata.from_params([params] * batch, device=device)
     flat_logits = logits.reshape(-1, vocab)
     flat_ids = draft_ids.reshape(-1)
@@ -71,8 +98,8 @@ def run_case(batch: int, k: int, vocab: int, greedy: bool, device: torch.device,
             max_num_draft_tokens=k, validate=False, **extra,
         )
 
-    row = {"batch": batch, "k": k, "vocab": vocab, "mode": "greedy" if greedy else "random"}
-    row["baseline_s"] = measure(lambda: baseline_verify(logits, draft_ids, draft_probs, 1.0), device, reps)
+    row = {"batch": batch, "k": k, "vocab": vocab, "mode": mode, "dtype": str(dtype).removeprefix("torch.")}
+    row["baseline_s"] = measure(lambda: baseline_verify(logits, draft_ids, draft_probs, filters), device, reps)
     for backend in backends:
         row[f"{backend}_s"] = measure(ours(backend), device, reps)
         row[f"{backend}_speedup"] = row["baseline_s"] / row[f"{backend}_s"]
@@ -87,7 +114,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--k", type=int, nargs="+", default=[5])
     parser.add_argument("--vocab", type=int, nargs="+", default=[128_256, 49_152])
-    parser.add_argument("--reps", type=int, default=5, help="timed calls per figure (median)")
+    parser.add_argument("--modes", nargs="+", default=["random", "greedy"], choices=sorted(MODES))
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                        help="dtype of the target logits")
+    parser.add_argument("--reps", type=int, default=5, help="timed calls per figure on CPU (median)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/verify.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -97,25 +127,27 @@ def main() -> None:
         backends.append("triton")
     bandwidth = copy_bandwidth(device)
     rows = []
-    header = f"{'B':>4} {'K':>2} {'V':>7} {'mode':>6} {'floor':>9} {'baseline':>10}" + "".join(
-        f" {b:>10} {'ratio':>6}" for b in backends
+    header = f"{'B':>4} {'K':>2} {'V':>7} {'dtype':>8} {'mode':>12} {'floor':>10} {'baseline':>11}" + "".join(
+        f" {b:>11} {'ratio':>6}" for b in backends
     )
     print(f"device={device} threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s")
     print(header)
-    for vocab in args.vocab:
-        for k in args.k:
-            for batch in args.batch:
-                for greedy in (False, True):
-                    row = run_case(batch, k, vocab, greedy, device, args.reps, backends)
-                    row["floor_s"] = row["bytes"] / bandwidth
-                    rows.append(row)
-                    line = (
-                        f"{batch:>4} {k:>2} {vocab:>7} {row['mode']:>6} {row['floor_s'] * 1e3:>7.2f}ms"
-                        f" {row['baseline_s'] * 1e3:>8.2f}ms"
-                    )
-                    for b in backends:
-                        line += f" {row[f'{b}_s'] * 1e3:>8.2f}ms {row[f'{b}_speedup']:>5.2f}x"
-                    print(line, flush=True)
+    for dtype_name in args.dtype:
+        dtype = getattr(torch, dtype_name)
+        for vocab in args.vocab:
+            for k in args.k:
+                for batch in args.batch:
+                    for mode in args.modes:
+                        row = run_case(batch, k, vocab, mode, dtype, device, args.reps, backends)
+                        row["floor_s"] = row["bytes"] / bandwidth
+                        rows.append(row)
+                        line = (
+                            f"{batch:>4} {k:>2} {vocab:>7} {dtype_name:>8} {mode:>12}"
+                            f" {row['floor_s'] * 1e6:>8.1f}us {row['baseline_s'] * 1e6:>9.1f}us"
+                        )
+                        for b in backends:
+                            line += f" {row[f'{b}_s'] * 1e6:>9.1f}us {row[f'{b}_speedup']:>5.2f}x"
+                        print(line, flush=True)
     write_json(args.json, device, rows, copy_bandwidth_bytes_per_s=bandwidth)
 
 
