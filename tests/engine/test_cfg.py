@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
@@ -116,7 +117,7 @@ def test_speculative_cfg_output_follows_guided_distribution() -> None:
     n = 20_000
     base = SamplingParams(temperature=2.0, max_tokens=3, ignore_eos=True, guidance_scale=1.5, negative_prompt=negative)
     for i in range(n):
-        engine.add_request(prompt, SamplingParams(**{**_fields(base), "seed": i}))
+        engine.add_request(prompt, dataclasses.replace(base, seed=i))
     done = run_all(engine)
     pairs = torch.tensor([o.token_ids[:2] for o in done.values()])
     drafted = sum(o.stats.num_draft_tokens for o in done.values())
@@ -125,10 +126,6 @@ def test_speculative_cfg_output_follows_guided_distribution() -> None:
     p2 = torch.stack([_guided(target, prompt + [y], negative + [y], base) for y in range(vocab)])
     assert chi_square(pairs[:, 0], p1).passed
     assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
-
-
-def _fields(p: SamplingParams) -> dict:
-    return {f: getattr(p, f) for f in p.__dataclass_fields__}
 
 
 def test_mixed_batch_gives_each_request_its_solo_tokens() -> None:

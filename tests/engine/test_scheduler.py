@@ -6,7 +6,7 @@ import random
 
 from verispec.config import CacheConfig, EngineConfig
 from verispec.engine.kv_cache import BlockManager
-from verispec.engine.request import FinishReason, Request, RequestStatus
+from verispec.engine.request import FinishReason, Request
 from verispec.engine.scheduler import Scheduler
 from verispec.sampling_params import SamplingParams
 

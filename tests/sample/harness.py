@@ -10,6 +10,7 @@ p1(y1) * p2(y2 | y1), with p the reference pipeline's distributions.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -69,7 +70,7 @@ class World:
             sharpen = lambda p: p**4 / (p**4).sum(-1, keepdim=True)  # noqa: E731
             return sharpen(self.p1), sharpen(self.p2)
         if kind == "logits":
-            unguided = SamplingParams(**{**_fields(self.params), "guidance_scale": 1.0})
+            unguided = dataclasses.replace(self.params, guidance_scale=1.0)
             q2 = torch.stack([reference_probs(self.d2[y], unguided) for y in range(V)])
             return reference_probs(self.d1, unguided), q2
         raise ValueError(kind)
@@ -115,7 +116,3 @@ class World:
             "position 2": chi_square(y2, joint.sum(0)),
             "joint": chi_square(y1 * V + y2, joint.reshape(-1)),
         }
-
-
-def _fields(params: SamplingParams) -> dict:
-    return {f: getattr(params, f) for f in params.__dataclass_fields__}

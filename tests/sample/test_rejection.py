@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -84,8 +85,7 @@ def test_matches_reference_token_for_token(draft_kind: str, params: SamplingPara
     params_list = [params, SamplingParams(seed=5)] * (len(ks) // 2)  # mixed with a plain request
     if draft_kind == "logits":
         draft = DraftLogits(draft_logits)
-        sampling = SamplingMetadata.from_params(params_list)
-        unguided = [SamplingParams(**{**vars_of(p), "guidance_scale": 1.0}) for p in params_list]
+        unguided = [dataclasses.replace(p, guidance_scale=1.0) for p in params_list]
         ref_q = torch.cat([_ref_probs_rows(draft_logits[a:b], p) for p, a, b in _spans(ks, unguided)])
     else:
         draft = DraftProbs(probs) if draft_kind == "probs" else None
@@ -96,10 +96,6 @@ def test_matches_reference_token_for_token(draft_kind: str, params: SamplingPara
     )
     got = [row[:n].tolist() for row, n in zip(out.token_ids, out.num_emitted.tolist())]
     assert got == expected
-
-
-def vars_of(p: SamplingParams) -> dict:
-    return {f: getattr(p, f) for f in p.__dataclass_fields__}
 
 
 def _spans(ks, params):
