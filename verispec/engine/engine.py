@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import EngineConfig
-from ..model import LlamaModel, Tokenizer
+from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
@@ -68,7 +68,7 @@ class LLMEngine:
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self._arrival = itertools.count()
         self._requests: dict[str, Request] = {}
-        self._decoders: dict[str, object] = {}
+        self._decoders: dict[str, IncrementalDecoder] = {}
 
     def add_request(
         self,
