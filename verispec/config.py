@@ -25,10 +25,6 @@ class CacheConfig:
         _positive_int("block_size", self.block_size)
         _positive_int("num_blocks", self.num_blocks)
 
-    @property
-    def num_slots(self) -> int:
-        return self.block_size * self.num_blocks
-
 
 @dataclass(frozen=True)
 class SpeculativeConfig:

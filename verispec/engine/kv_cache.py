@@ -47,7 +47,8 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
-    def _blocks_for(self, num_tokens: int) -> int:
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` slots."""
         return -(-num_tokens // self.block_size)
 
     def _length(self, seq_id: Hashable) -> int:
@@ -69,14 +70,14 @@ class BlockManager:
     def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
         """False if ``seq_id`` already exists or the pool lacks the blocks for ``num_tokens``."""
         _check_count("num_tokens", num_tokens, 0)
-        return seq_id not in self._lengths and self._blocks_for(num_tokens) <= len(self._free)
+        return seq_id not in self._lengths and self.blocks_for(num_tokens) <= len(self._free)
 
     def allocate(self, seq_id: Hashable, num_tokens: int) -> None:
         """Start sequence ``seq_id`` with length ``num_tokens`` (0 allowed)."""
         _check_count("num_tokens", num_tokens, 0)
         if seq_id in self._lengths:
             raise ValueError(f"seq_id={seq_id!r} is already allocated")
-        needed = self._blocks_for(num_tokens)
+        needed = self.blocks_for(num_tokens)
         if needed > len(self._free):
             raise RuntimeError(
                 f"cannot allocate seq_id={seq_id!r}: {num_tokens} tokens need {needed} blocks, "
@@ -89,7 +90,7 @@ class BlockManager:
         """Whether ``seq_id`` can grow by ``n`` slots; raises ValueError for an unknown id."""
         _check_count("n", n, 0)
         length = self._length(seq_id)
-        needed = self._blocks_for(length + n) - len(self._tables[seq_id])
+        needed = self.blocks_for(length + n) - len(self._tables[seq_id])
         return needed <= len(self._free)
 
     def append(self, seq_id: Hashable, n: int) -> None:
@@ -97,7 +98,7 @@ class BlockManager:
         _check_count("n", n, 0)
         length = self._length(seq_id)
         table = self._tables[seq_id]
-        needed = self._blocks_for(length + n) - len(table)
+        needed = self.blocks_for(length + n) - len(table)
         if needed > len(self._free):
             raise RuntimeError(
                 f"cannot append {n} tokens to seq_id={seq_id!r} (length {length}): "
@@ -115,7 +116,7 @@ class BlockManager:
                 f"cannot truncate {n} tokens from seq_id={seq_id!r}: its length is {length}"
             )
         table = self._tables[seq_id]
-        keep = self._blocks_for(length - n)
+        keep = self.blocks_for(length - n)
         # Freed last-first so the stack hands them back in their original order.
         while len(table) > keep:
             self._free.append(table.pop())

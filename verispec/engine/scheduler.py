@@ -140,11 +140,11 @@ class Scheduler:
         return sum(plan.num_new) + plan.num_draft_slots * len(plan.num_new)
 
     def _fits(self, request: Request, plan: ScheduledRequest) -> bool:
+        # Both sequences of a CFG pair must fit together, hence one sum, not can_append per sequence.
         needed = 0
         for seq, fed in zip(request.seqs, plan.num_new):
             have = self.blocks.num_tokens(seq.seq_id) if self.blocks.has(seq.seq_id) else 0
-            size = self.blocks.block_size
-            needed += -(-(have + fed + plan.num_draft_slots) // size) - -(-have // size)
+            needed += self.blocks.blocks_for(have + fed + plan.num_draft_slots) - self.blocks.blocks_for(have)
         return needed <= self.blocks.num_free_blocks
 
     def _reserve(self, request: Request, plan: ScheduledRequest) -> None:
@@ -152,9 +152,9 @@ class Scheduler:
             self.blocks.append(seq.seq_id, fed + plan.num_draft_slots)
 
     def _can_ever_fit(self, request: Request) -> bool:
-        size = self.blocks.block_size
-        final = [len(s.prefix_token_ids) + request.params.max_tokens + request.max_speculative_tokens for s in request.seqs]
-        return sum(-(-n // size) for n in final) <= self.blocks.num_blocks
+        extra = request.params.max_tokens + request.max_speculative_tokens
+        needed = sum(self.blocks.blocks_for(len(s.prefix_token_ids) + extra) for s in request.seqs)
+        return needed <= self.blocks.num_blocks
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -48,10 +48,6 @@ class SamplingMetadata:
     def batch_size(self) -> int:
         return self.temperature.shape[0]
 
-    @property
-    def any_filter(self) -> bool:
-        return self.any_top_k or self.any_top_p or self.any_min_p
-
     @classmethod
     def from_params(
         cls,
