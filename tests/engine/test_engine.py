@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from verispec import SamplingParams
+from verispec.engine.engine import _stop_prefix_len
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
@@ -137,6 +138,34 @@ def test_stop_conditions(target) -> None:
     assert done[b].token_ids == free_run[:3] and done[b].finish_reason == "length"
     assert done[c].finish_reason == "stop" and stop_text not in done[c].text
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_streamed_text_never_shows_a_stop_string_begun_in_an_earlier_step(target, k) -> None:
+    free_run = generate(tiny_engine(target), [PROMPTS[1]], GREEDY)[0]
+    engine = tiny_engine(target, NgramDrafter(1, 3, 4) if k else None, k=k)
+    stop = f"t{free_run[3]} t{free_run[4]}"  # spans two steps when tokens come one at a time
+    plain = engine.add_request(PROMPTS[1], GREEDY)
+    stopped = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24, stop=[stop]))
+    streamed = {plain: "", stopped: ""}
+    final = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed[out.request_id] += out.new_text
+            assert out.text == streamed[out.request_id]
+            if out.finished:
+                final[out.request_id] = out.text
+    full = " ".join(f"t{t}" for t in free_run)
+    assert streamed[stopped] == final[stopped] == full[: full.index(stop)]
+    assert streamed[plain] == final[plain] == full
+
+
+def test_stop_prefix_len() -> None:
+    assert _stop_prefix_len("abc END", ("ENDING", "xyz")) == 3
+    assert _stop_prefix_len("abc EN", ("END",)) == 2
+    assert _stop_prefix_len("abc E", ("x", "END", "E!")) == 1
+    assert _stop_prefix_len("abc", ("END",)) == 0
+    assert _stop_prefix_len("", ("END",)) == 0
 
 
 def test_eos_stops_unless_ignored() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from verispec.model import AttentionMetadata, LlamaModel, load_model
 from verispec.model import attention as attention_module
+from verispec.model import linear as linear_module
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -114,6 +115,24 @@ def test_bfloat16_stays_close_to_float32(tiny_checkpoint, ours) -> None:
         assert (low - full).abs().max() < 0.05 * scale
         agree = (low.argmax(-1) == full.argmax(-1)).float().mean()
         assert agree > 0.9
+
+
+def test_bfloat16_widened_matches_bfloat16_native(tiny_checkpoint, monkeypatch) -> None:
+    """The float32 products and decode attention that bf16 models use on CPUs without bf16
+    arithmetic compute what oneDNN's bf16 computes, up to rounding order."""
+    _, directory = tiny_checkpoint
+    models = {}
+    for native in (False, True):
+        monkeypatch.setattr(linear_module, "cpu_has_bf16_arithmetic", lambda: native)
+        models[native] = load_model(str(directory), dtype=torch.bfloat16, progress=False)[0]
+    assert models[False].widening is not None and models[True].widening is None
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (16, 19, 11)]
+    steps = [[6, 10, 3]] + [[1, 1, 1]] * 3 + [[4, 4, 4], [1, 1, 1], [2, 1, 0]]
+    for widened, native in zip(run_schedule(models[False], prompts, steps),
+                               run_schedule(models[True], prompts, steps)):
+        assert (widened - native).abs().max() < 0.02 * native.abs().max()
+        assert (widened.argmax(-1) == native.argmax(-1)).float().mean() > 0.9
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -233,7 +233,6 @@ class LLMEngine:
         """Adds emitted tokens one at a time, stopping at the first stop condition."""
         params = request.params
         decoder = self._decoders[request.request_id]
-        text_before = len(request.text)
         new_ids: list[int] = []
         reason = None
         for token in tokens:
@@ -258,7 +257,12 @@ class LLMEngine:
                 break
         if reason is not None:
             self._finish(request, reason)
-        return self._output(request, new_ids, request.text[text_before:])
+        # Text that may begin a stop string is held back until a later step decides it.
+        visible = len(request.text) if request.finished else \
+            len(request.text) - _stop_prefix_len(request.text, params.stop)
+        new_text = request.text[request.streamed_chars : visible]
+        request.streamed_chars = max(request.streamed_chars, visible)
+        return self._output(request, new_ids, new_text)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.finish(request, reason)
@@ -277,7 +281,7 @@ class LLMEngine:
             request_id=request.request_id,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
-            text=request.text,
+            text=request.text[: request.streamed_chars],
             token_ids=list(request.output_token_ids),
             new_text=new_text,
             new_token_ids=new_ids,
@@ -286,3 +290,14 @@ class LLMEngine:
             stats=request.stats,
             error=request.error,
         )
+
+
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that a later token could extend into a stop string."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest

@@ -53,6 +53,7 @@ class Request:
     prompt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    streamed_chars: int = 0  # text[:streamed_chars] has been handed out in RequestOutputs
     step: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None

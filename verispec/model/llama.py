@@ -5,7 +5,8 @@ LM head: the architecture of Llama 2/3 (without rope scaling) and SmolLM2. Built
 at small scale, where per-op overhead and memory traffic dominate:
 - q/k/v are one matrix and gate/up another, so a layer runs four matrix multiplies;
 - rotary is applied to q and k together, in place; norms are torch's rms_norm;
-- the LM head runs only on the rows that need logits.
+- the LM head runs only on the rows that need logits;
+- matrix multiplies pick a CPU strategy by dtype and rows (verispec.model.linear).
 
 Weights are loaded with `load_weights` from a mapping in Hugging Face names (the loaders turn
 GGUF and safetensors checkpoints into that), so the fused layout stays private.
@@ -21,47 +22,17 @@ from torch import nn
 
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
+from verispec.model.linear import Linear, WideningBuffer, empty_parameter as _empty, widening_for
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
-# Up to this many rows, CPU float32 products take the skinny path (see Linear).
-SKINNY_MAX_ROWS = 64
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
-class Linear(nn.Module):
-    """y = x W^T without bias, W stored [out_features, in_features] as checkpoints store it.
-
-    On CPU in float32, inputs of up to SKINNY_MAX_ROWS rows (decode, verify, small batches) are
-    multiplied as (W @ x^T)^T. Measured on 2 cores with SmolLM2's shapes, MKL runs that 1.1-3x
-    faster than x @ W^T for 2-64 rows (5 rows cost 1.5x one row instead of 3x), but slower for
-    one row than for two, so a single row is padded to two. Longer inputs (prefill) and other
-    devices or dtypes (oneDNN for bf16, cuBLAS) take F.linear, their fastest.
-    """
-
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        super().__init__()
-        self.weight = _empty((out_features, in_features), dtype, device)
-        self.skinny = device.type == "cpu" and dtype == torch.float32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        rows = x.shape[0]
-        if not self.skinny or rows > SKINNY_MAX_ROWS:
-            return F.linear(x, self.weight)
-        if rows == 1:
-            # A real second row: a stride-0 (expanded) one would leave BLAS for a slow path.
-            return torch.mm(self.weight, torch.cat((x, x)).t())[:, :1].t().contiguous()
-        return torch.mm(self.weight, x.t()).t().contiguous()
 
 
 class DecoderLayer(nn.Module):
     """One transformer block: x += attn(norm(x)); x += mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 widening: WideningBuffer | None) -> None:
         super().__init__()
         hidden, heads, kv_heads = config.hidden_size, config.num_heads, config.num_kv_heads
         head_dim, inter = config.head_dim, config.intermediate_size
@@ -70,10 +41,10 @@ class DecoderLayer(nn.Module):
         self.inter = inter
         self.input_norm = _empty((hidden,), dtype, device)
         self.post_attention_norm = _empty((hidden,), dtype, device)
-        self.qkv_proj = Linear(hidden, (heads + 2 * kv_heads) * head_dim, dtype, device)
-        self.o_proj = Linear(heads * head_dim, hidden, dtype, device)
-        self.gate_up_proj = Linear(hidden, 2 * inter, dtype, device)
-        self.down_proj = Linear(inter, hidden, dtype, device)
+        self.qkv_proj = Linear(hidden, (heads + 2 * kv_heads) * head_dim, dtype, device, widening)
+        self.o_proj = Linear(heads * head_dim, hidden, dtype, device, widening)
+        self.gate_up_proj = Linear(hidden, 2 * inter, dtype, device, widening)
+        self.down_proj = Linear(inter, hidden, dtype, device, widening)
 
     def forward(
         self,
@@ -116,10 +87,11 @@ class LlamaModel(nn.Module):
         self.config, self.dtype, self.device = config, dtype, device
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, dtype, device)
         self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
+        self.widening = widening = widening_for(dtype, device)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+            DecoderLayer(config, dtype, device, widening) for _ in range(config.num_layers))
         self.norm = _empty((config.hidden_size,), dtype, device)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, device)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, device, widening)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
 
@@ -182,7 +154,8 @@ class LlamaModel(nn.Module):
         kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, kv_heads, head_dim]
         logits_indices: torch.Tensor,  # [R] int64, rows of T that need logits
     ) -> torch.Tensor:  # [R, vocab_size] float32
-        plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2])
+        plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
+                             widen_decode=self.widening is not None)
         cos, sin = self.rotary.angles(positions)
         hidden = F.embedding(input_ids, self.embed_tokens)
         for layer, kv_cache in zip(self.layers, kv_caches):

@@ -1,0 +1,62 @@
+"""The CPU matrix-multiply strategies of verispec.model.linear against plain float32 math."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verispec.model import linear as linear_module
+from verispec.model.linear import Linear, WideningBuffer, widening_for
+
+CPU = torch.device("cpu")
+
+
+def make_linear(dtype: torch.dtype, widening: WideningBuffer | None, seed: int = 0) -> Linear:
+    layer = Linear(16, 10, dtype, CPU, widening)
+    gen = torch.Generator().manual_seed(seed)
+    layer.weight.copy_(torch.randn(10, 16, generator=gen))
+    return layer
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 64, 65, 90])
+def test_widened_bf16_products_are_float32_products_rounded_to_bf16(monkeypatch, rows) -> None:
+    # Chunks of 3 weight rows (3, 3, 3, 1): several chunks and a short last one.
+    monkeypatch.setattr(linear_module, "WIDEN_CHUNK_ELEMENTS", 3 * 16)
+    layer = make_linear(torch.bfloat16, WideningBuffer(CPU))
+    x = torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 10) and out.is_contiguous()
+    exact = x.double() @ layer.weight.double().t()
+    # Float32 accumulation, then one bf16 rounding: within one bf16 ulp (2^-8 relative) of exact.
+    assert ((out.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 65])
+def test_float32_products_match_f_linear(rows) -> None:
+    layer = make_linear(torch.float32, None)
+    assert layer.skinny
+    x = torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows))
+    out = layer(x)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, layer.weight), atol=1e-6, rtol=1e-6)
+
+
+def test_widening_buffer_is_reused_and_grows() -> None:
+    buffer = WideningBuffer(CPU)
+    big = torch.randn(6, 4).bfloat16()
+    first = buffer.widen(big)
+    assert first.dtype == torch.float32 and torch.equal(first, big.float())
+    small = buffer.widen(big[:2])
+    assert small.data_ptr() == first.data_ptr() and torch.equal(small, big[:2].float())
+    bigger = buffer.widen(torch.ones(10, 4).bfloat16())
+    assert bigger.shape == (10, 4) and bool((bigger == 1).all())
+
+
+def test_widening_only_for_bf16_on_cpus_without_bf16_arithmetic(monkeypatch) -> None:
+    monkeypatch.setattr(linear_module, "cpu_has_bf16_arithmetic", lambda: False)
+    assert isinstance(widening_for(torch.bfloat16, CPU), WideningBuffer)
+    assert widening_for(torch.float32, CPU) is None
+    assert widening_for(torch.bfloat16, torch.device("cuda")) is None
+    monkeypatch.setattr(linear_module, "cpu_has_bf16_arithmetic", lambda: True)
+    assert widening_for(torch.bfloat16, CPU) is None

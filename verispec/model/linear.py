@@ -1,0 +1,100 @@
+"""The model's matrix multiplies, with the CPU strategies that make small-batch inference fast.
+
+Measured on 2 AVX2 cores with SmolLM2's shapes (torch 2.13, MKL and oneDNN):
+- float32, 2-64 rows: MKL runs (W @ x^T)^T 1.1-3x faster than x @ W^T, but a single row
+  slower than two, so one row is padded to two ("skinny" products).
+- bfloat16 on a CPU without bf16 arithmetic (no AVX512-BF16 / AMX): one row reads the weight at
+  the bandwidth (half float32's bytes), but oneDNN's emulated product costs about one such pass
+  per row (16 rows: 4.5x float32, a 96-token prefill chunk 7x). From two rows on, the weight
+  is therefore widened to float32 in cache-sized chunks and multiplied in float32: the same
+  products of bf16 values, accumulated in float32 and rounded to bf16, as oneDNN computes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Up to this many rows, CPU float32 products take the skinny path.
+SKINNY_MAX_ROWS = 64
+# Weight elements widened at a time: 8 MB of float32, which stays in cache for the multiply.
+WIDEN_CHUNK_ELEMENTS = 1 << 21
+
+
+def empty_parameter(shape: tuple[int, ...], dtype: torch.dtype,
+                    device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def cpu_has_bf16_arithmetic() -> bool:
+    """Whether oneDNN multiplies bfloat16 natively on this CPU."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class WideningBuffer:
+    """Float32 scratch space shared by the Linear layers of one model (one step runs them one
+    after another), so widening costs one chunk of memory, not a float32 copy of the model."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._buffer = torch.empty(0, dtype=torch.float32, device=device)
+
+    def widen(self, weight: torch.Tensor) -> torch.Tensor:  # [n, in] bf16 -> [n, in] float32
+        numel = weight.numel()
+        if self._buffer.numel() < numel:
+            self._buffer = torch.empty(numel, dtype=torch.float32, device=self._buffer.device)
+        return self._buffer[:numel].view(weight.shape).copy_(weight)
+
+
+def _cpu_fp32_product(
+    weight: torch.Tensor,  # [N, in] float32
+    x: torch.Tensor,  # [T, in] float32
+    dtype: torch.dtype,
+) -> torch.Tensor:  # [T, N] in dtype, contiguous
+    rows = x.shape[0]
+    if rows > SKINNY_MAX_ROWS:
+        return F.linear(x, weight).to(dtype)
+    if rows == 1:
+        # A real second row: a stride-0 (expanded) one would leave BLAS for a slow path.
+        transposed = torch.mm(weight, torch.cat((x, x)).t())[:, :1]
+    else:
+        transposed = torch.mm(weight, x.t())
+    # One copy transposes and converts.
+    return torch.empty((rows, weight.shape[0]), dtype=dtype, device=x.device).copy_(transposed.t())
+
+
+def widening_for(dtype: torch.dtype, device: torch.device) -> WideningBuffer | None:
+    """The scratch a model in this dtype on this device needs, or None when it multiplies
+    in its own dtype."""
+    if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_bf16_arithmetic():
+        return WideningBuffer(device)
+    return None
+
+
+class Linear(nn.Module):
+    """y = x W^T without bias, W stored [out_features, in_features] as checkpoints store it.
+
+    Products run as the module docstring explains: skinny on CPU in float32, widened on CPU in
+    bf16 when `widening` is given (from `widening_for`), F.linear otherwise (cuBLAS, native bf16,
+    or a single bf16 row)."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype,
+                 device: torch.device, widening: WideningBuffer | None = None) -> None:
+        super().__init__()
+        self.weight = empty_parameter((out_features, in_features), dtype, device)
+        self.skinny = device.type == "cpu" and dtype == torch.float32
+        self.widening = widening
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.skinny:
+            return _cpu_fp32_product(self.weight, x, x.dtype)
+        if self.widening is None or x.shape[0] == 1:
+            return F.linear(x, self.weight)
+        wide_x = x.float()
+        chunk_rows = max(1, WIDEN_CHUNK_ELEMENTS // self.weight.shape[1])
+        parts = [_cpu_fp32_product(self.widening.widen(chunk), wide_x, x.dtype)
+                 for chunk in self.weight.split(chunk_rows)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
