@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.model import linear as linear_module
-from verispec.model.linear import Linear, WideningBuffer, widening_for
+from verispec.model.linear import Linear, WideningBuffer, skinny_rows, widening_for
 
 CPU = torch.device("cpu")
 
@@ -32,7 +32,7 @@ def test_widened_bf16_products_are_float32_products_rounded_to_bf16(monkeypatch,
     assert ((out.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 65])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 10, 15, 16, 17, 33, 64, 65])
 def test_float32_products_match_f_linear(rows) -> None:
     layer = make_linear(torch.float32, None)
     assert layer.skinny
@@ -40,6 +40,11 @@ def test_float32_products_match_f_linear(rows) -> None:
     out = layer(x)
     assert out.is_contiguous()
     torch.testing.assert_close(out, F.linear(x, layer.weight), atol=1e-6, rtol=1e-6)
+
+
+def test_skinny_rows_pads_up_to_the_fast_row_counts() -> None:
+    assert [skinny_rows(r) for r in (1, 2, 3, 4, 5, 9, 10, 16, 17, 33, 64)] == \
+        [2, 2, 4, 4, 5, 9, 16, 16, 32, 48, 64]
 
 
 def test_widening_buffer_is_reused_and_grows() -> None:
