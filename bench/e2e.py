@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from verispec import SamplingParams
 from verispec.engine.llm import LLM, resolve_dtype
+from verispec.model.linear import cpu_has_bf16_arithmetic
 from verispec.model.loader import converted_checkpoint_dir
 
 COPY_TEXT = (
@@ -149,9 +150,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bandwidth = copy_bandwidth(torch.device("cpu"))
-    print(f"threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s")
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16_arithmetic = cpu_has_bf16_arithmetic()
+    print(f"threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s cpu={capability} "
+          f"bf16 arithmetic={'yes' if bf16_arithmetic else 'no (bf16 products of 2+ rows widened to fp32)'}")
     rows = [row for dtype in args.dtype for row in run_dtype(dtype, args.max_tokens, args.k, bandwidth)]
-    write_json(args.json, torch.device("cpu"), rows, copy_bandwidth_bytes_per_s=bandwidth)
+    write_json(args.json, torch.device("cpu"), rows, copy_bandwidth_bytes_per_s=bandwidth,
+               cpu_capability=capability, cpu_bf16_arithmetic=bf16_arithmetic)
 
 
 if __name__ == "__main__":
