@@ -7,10 +7,12 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from verispec.model import AttentionMetadata, LlamaModel, load_model
 from verispec.model import attention as attention_module
 from verispec.model import linear as linear_module
+from verispec.model.llama import rms_norm
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -145,6 +147,18 @@ def test_cuda_matches_cpu(tiny_checkpoint, ours, dtype, tolerance) -> None:
     on_cpu_all = run_schedule(ours, prompts, SCHEDULE)
     for on_gpu, on_cpu in zip(run_schedule(gpu, prompts, SCHEDULE), on_cpu_all):
         assert (on_gpu - on_cpu).abs().max() < tolerance * on_cpu.abs().max()
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rms_norm_matches_torch(dtype, tolerance) -> None:
+    gen = torch.Generator().manual_seed(8)
+    x = (torch.randn(7, 48, generator=gen) * torch.logspace(-3, 2, 7)[:, None]).to(dtype)
+    x[3] = 0  # an all-zero row stays zero
+    weight = torch.randn(48, generator=gen).to(dtype)
+    ours = rms_norm(x, weight.repeat(2), 1e-5)
+    expected = F.rms_norm(x.float(), (48,), weight.float(), 1e-5)
+    assert ours.dtype == dtype and ours.shape == x.shape
+    torch.testing.assert_close(ours.float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def test_attention_metadata_build_checks_lengths() -> None:
