@@ -129,8 +129,10 @@ def test_bfloat16_widened_matches_bfloat16_native(tiny_checkpoint, monkeypatch) 
         models[native] = load_model(str(directory), dtype=torch.bfloat16, progress=False)[0]
     assert models[False].widening is not None and models[True].widening is None
     gen = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (16, 19, 11)]
-    steps = [[6, 10, 3]] + [[1, 1, 1]] * 3 + [[4, 4, 4], [1, 1, 1], [2, 1, 0]]
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (17, 39, 12)]
+    # Decode-only steps (attended in float32 when widened), verify-like steps, and a prefill
+    # chunk attended on its own beside two decode tokens.
+    steps = [[6, 10, 3]] + [[1, 1, 1]] * 3 + [[4, 4, 4], [1, 1, 1], [2, 1, 0], [1, 20, 1]]
     for widened, native in zip(run_schedule(models[False], prompts, steps),
                                run_schedule(models[True], prompts, steps)):
         assert (widened - native).abs().max() < 0.02 * native.abs().max()
