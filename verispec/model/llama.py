@@ -22,7 +22,7 @@ from torch import nn
 
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
-from verispec.model.linear import Linear, WideningBuffer, empty_parameter as _empty, widening_for
+from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -37,7 +37,8 @@ def rms_norm(
     mean is 0 and their variance mean(x^2), so the first half is the RMS norm. On CPU torch's
     rms_norm runs as ~10 separate ops; this is 3 (a bf16 decode step of the default model: -5%)."""
     width = x.shape[-1]
-    return F.layer_norm(torch.cat((x, -x), dim=-1), (2 * width,), doubled_weight, None, eps)[:, :width]
+    doubled = torch.cat((x, -x), dim=-1)
+    return F.layer_norm(doubled, (2 * width,), doubled_weight, None, eps)[:, :width]
 
 
 class DecoderLayer(nn.Module):
@@ -51,8 +52,8 @@ class DecoderLayer(nn.Module):
         self.eps = config.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.inter = inter
-        self.input_norm = _empty((2 * hidden,), dtype, device)  # doubled, see rms_norm
-        self.post_attention_norm = _empty((2 * hidden,), dtype, device)
+        self.input_norm = empty_parameter((2 * hidden,), dtype, device)  # doubled, see rms_norm
+        self.post_attention_norm = empty_parameter((2 * hidden,), dtype, device)
         self.qkv_proj = Linear(hidden, (heads + 2 * kv_heads) * head_dim, dtype, device, widening)
         self.o_proj = Linear(heads * head_dim, hidden, dtype, device, widening)
         self.gate_up_proj = Linear(hidden, 2 * inter, dtype, device, widening)
@@ -98,11 +99,12 @@ class LlamaModel(nn.Module):
         device = torch.device(device)
         self.config, self.dtype, self.device = config, dtype, device
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, dtype, device)
-        self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
+        self.embed_tokens = empty_parameter((config.vocab_size, config.hidden_size), dtype, device)
         self.widening = widening = widening_for(dtype, device)
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, device, widening) for _ in range(config.num_layers))
-        self.norm = _empty((2 * config.hidden_size,), dtype, device)  # doubled, see rms_norm
+        # Doubled, see rms_norm.
+        self.norm = empty_parameter((2 * config.hidden_size,), dtype, device)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, device, widening)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
