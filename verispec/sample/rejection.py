@@ -300,29 +300,30 @@ def _native(
     device = target_logits.device
     lay = _layout(cu_num_draft_tokens, num_rows, device)
     target = process_logits(target_logits, lay.req_of_row, sampling, uncond_logits)  # [N, V]
-    row_max, row_argmax = target.max(dim=-1)
-    row_lse = torch.logsumexp(target, dim=-1)
+    row_argmax = target.max(dim=-1).indices
 
     # Out-of-range ids (possible only without validation) are rejected, never emitted.
     ids = draft_token_ids.to(torch.int64)
     in_range = (ids >= 0) & (ids < vocab)
     ids = ids.clamp(0, vocab - 1)
-    p_draft = (target[lay.row_of_draft, ids] - row_lse[lay.row_of_draft]).exp()
-    if isinstance(draft, DraftLogits):
-        draft_rows = process_logits(draft.logits, lay.req_of_draft, sampling)  # [D, V]
-        draft_lse = torch.logsumexp(draft_rows, dim=-1)
-        q_draft = (draft_rows.gather(1, ids[:, None])[:, 0] - draft_lse).exp()
-    elif isinstance(draft, DraftProbs):
-        q_draft = draft.probs.gather(1, ids[:, None])[:, 0].float()
-    else:
-        q_draft = torch.ones_like(p_draft)
-
-    # Rule 1: accept x with probability min(1, p/q) as u * q < p; q = 0 rejects.
-    u = uniform(sampling.keys[lay.req_of_draft], lay.pos_of_draft, ACCEPT)
-    accept = (q_draft > 0) & (u * q_draft.double() < p_draft.double())
     # Rule 4: greedy requests accept while the draft is the target argmax.
-    greedy_draft = sampling.is_greedy[lay.req_of_draft]
-    accept = torch.where(greedy_draft, ids == row_argmax[lay.row_of_draft], accept) & in_range
+    accept = ids == row_argmax[lay.row_of_draft]
+    if not sampling.all_greedy:
+        # Rule 1: accept x with probability min(1, p/q) as u * q < p; q = 0 rejects.
+        row_lse = torch.logsumexp(target, dim=-1)
+        p_draft = (target[lay.row_of_draft, ids] - row_lse[lay.row_of_draft]).exp()
+        if isinstance(draft, DraftLogits):
+            draft_rows = process_logits(draft.logits, lay.req_of_draft, sampling)  # [D, V]
+            draft_lse = torch.logsumexp(draft_rows, dim=-1)
+            q_draft = (draft_rows.gather(1, ids[:, None])[:, 0] - draft_lse).exp()
+        elif isinstance(draft, DraftProbs):
+            q_draft = draft.probs.gather(1, ids[:, None])[:, 0].float()
+        else:
+            q_draft = torch.ones_like(p_draft)
+        u = uniform(sampling.keys[lay.req_of_draft], lay.pos_of_draft, ACCEPT)
+        sampled_accept = (q_draft > 0) & (u * q_draft.double() < p_draft.double())
+        accept = torch.where(sampling.is_greedy[lay.req_of_draft], accept, sampled_accept)
+    accept &= in_range
     accepted = torch.zeros(lay.num_draft.shape[0], max_k, dtype=torch.bool, device=device)
     accepted[lay.req_of_draft, lay.pos_of_draft] = accept
     num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # leading run of accepts
