@@ -65,3 +65,12 @@ def test_widening_only_for_bf16_on_cpus_without_bf16_arithmetic(monkeypatch) -> 
     assert widening_for(torch.bfloat16, torch.device("cuda")) is None
     monkeypatch.setattr(linear_module, "cpu_has_bf16_arithmetic", lambda: True)
     assert widening_for(torch.bfloat16, CPU) is None
+
+
+def test_cost_rows_follow_the_padding_of_each_strategy() -> None:
+    skinny = make_linear(torch.float32, None)
+    widened = make_linear(torch.bfloat16, WideningBuffer(CPU))
+    native = make_linear(torch.bfloat16, None)
+    assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [2, 4, 7, 32, 65]
+    assert [widened.cost_rows(r) for r in (1, 3, 17)] == [1, 4, 32]  # one row: the bf16 product
+    assert [native.cost_rows(r) for r in (1, 3, 17)] == [1, 3, 17]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.spec.adaptive import AdaptiveK
+from verispec.spec.adaptive import AdaptiveK, DraftClaim
 from verispec.spec.metrics import expected_emitted_tokens
 
 
@@ -52,3 +52,72 @@ def test_bad_settings_are_named(kwargs) -> None:
     name = [k for k in kwargs if k != "max_k"] or ["max_k"]
     with pytest.raises(ValueError, match=name[-1]):
         AdaptiveK(**kwargs)
+
+
+def _padded(rows: int) -> int:  # a BLAS that pads to multiples of 16 rows
+    return -(-rows // 16) * 16
+
+
+def _confident(ctl: AdaptiveK, request_id: str, accepted: int, judged: int) -> None:
+    for _ in range(30):
+        ctl.observe(request_id, judged, accepted)
+
+
+def test_allot_keeps_drafts_that_fit_in_the_padding_and_trims_a_costly_cliff() -> None:
+    ctl = AdaptiveK(max_k=5, row_cost=0.1)
+    for i in range(16):
+        _confident(ctl, f"r{i}", 1, 2)  # acceptance near 0.5
+    claims = [DraftClaim(f"r{i}", 5, fixed=False) for i in range(12)]
+    # 12 decode rows pad to 16: four drafts ride for free, more would cross into 32 rows.
+    allotted = ctl.allot(claims, base_rows=12, base_tokens=12, padded_rows=_padded)
+    assert sum(allotted) == 4 and all(k <= 1 for k in allotted)
+    # 16 decode rows fill the padding: any draft costs a second block of 16 rows for ~0.5 tokens.
+    claims = [DraftClaim(f"r{i}", 5, fixed=False) for i in range(16)]
+    assert ctl.allot(claims, base_rows=16, base_tokens=16, padded_rows=_padded) == [0] * 16
+
+
+def test_allot_keeps_fixed_claims_and_gives_confident_requests_more() -> None:
+    ctl = AdaptiveK(max_k=4, row_cost=0.1)
+    _confident(ctl, "sure", 4, 4)
+    _confident(ctl, "unsure", 0, 4)
+    claims = [DraftClaim("sure", 4, fixed=False), DraftClaim("unsure", 4, fixed=False),
+              DraftClaim("probe", 1, fixed=True), DraftClaim("cfg", 2, fixed=True, rows_per_draft=2)]
+    allotted = ctl.allot(claims, base_rows=5, base_tokens=4, padded_rows=lambda rows: rows)
+    assert allotted[0] == 4 and allotted[1] == 0 and allotted[2:] == [1, 2]
+    # Without padding and with rows nearly free, drafts accepted for sure are all kept.
+    assert ctl.allot(claims[:1], base_rows=1, base_tokens=1, padded_rows=lambda rows: rows) == [4]
+
+
+def test_allot_maximises_expected_tokens_per_cost() -> None:
+    ctl = AdaptiveK(max_k=3, row_cost=0.2)
+    alphas = {"a": (9, 10), "b": (6, 10), "c": (2, 10)}
+    for rid, (acc, judged) in alphas.items():
+        _confident(ctl, rid, acc, judged)
+    claims = [DraftClaim(rid, 3, fixed=False) for rid in alphas]
+    allotted = ctl.allot(claims, base_rows=3, base_tokens=3, padded_rows=_padded)
+
+    def rate(ks: tuple[int, ...]) -> float:
+        tokens = sum(expected_emitted_tokens(ctl.alpha(c.request_id), k) for c, k in zip(claims, ks))
+        return tokens / (1 + 0.2 * _padded(3 + sum(ks)))
+
+    best = max(rate((i, j, k)) for i in range(4) for j in range(4) for k in range(4))
+    assert rate(tuple(allotted)) >= best - 1e-12
+
+
+def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> None:
+    ctl = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=4)
+    intervals = [ctl.probe_interval_at(b) for b in (1, 2, 4, 16)]
+    assert intervals[0] == 4 and intervals == sorted(intervals) and intervals[-1] > 4 * 5
+    for rid in ("a", "b"):
+        _confident(ctl, rid, 0, 4)
+    ctl.num_draft_tokens("a", 2, engine_step=1)  # "a" has idled one step longer than "b"
+    probes = {rid: [] for rid in ("a", "b")}
+    for step in range(2, 40):
+        for rid in probes:
+            if ctl.num_draft_tokens(rid, 2, engine_step=step) == 1:
+                assert ctl.probing(rid)
+                probes[rid].append(step)
+            else:
+                assert not ctl.probing(rid)
+    interval = ctl.probe_interval_at(2)
+    assert probes["a"] == probes["b"] == [s for s in range(2, 40) if s % interval == 0]

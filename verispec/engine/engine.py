@@ -19,7 +19,7 @@ from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
-from ..spec.adaptive import AdaptiveK
+from ..spec.adaptive import AdaptiveK, DraftClaim
 from ..spec.base import Drafter, DraftRequest
 from ..spec.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
@@ -67,6 +67,7 @@ class LLMEngine:
         if tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self._arrival = itertools.count()
+        self._steps = 0  # engine steps run so far
         self._requests: dict[str, Request] = {}
         self._decoders: dict[str, IncrementalDecoder] = {}
 
@@ -131,6 +132,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Runs one engine step; returns the outputs of requests that changed."""
+        self._steps += 1
         plan = self.scheduler.schedule()
         outputs = [self._output(r, []) for r in plan.failed]
         for request in plan.failed:
@@ -141,7 +143,7 @@ class LLMEngine:
         if not plan.scheduled:
             return outputs
         sampling = [p for p in plan.scheduled if p.samples]
-        drafts, draft_probs = self._propose(sampling)
+        drafts, draft_probs = self._propose(plan.scheduled, sampling)
         feeds = []
         for p in plan.scheduled:
             d = drafts.get(p.request.request_id, [])
@@ -169,20 +171,35 @@ class LLMEngine:
     def _next_k(self, request_id: str, cap: int, params: SamplingParams) -> int:
         if cap == 0 or self.adaptive is None:
             return cap
-        # K decides which random numbers a sampled request consumes, so a seeded one takes K from
-        # its own history alone (batch size 1 in the cost model) to stay batch invariant.
-        seeded = params.seed is not None and not params.greedy
-        batch = 1 if seeded else len(self.scheduler.running)
-        return min(cap, self.adaptive.num_draft_tokens(request_id, batch))
+        if _batch_invariant(params):
+            return min(cap, self.adaptive.num_draft_tokens(request_id))
+        return min(cap, self.adaptive.num_draft_tokens(
+            request_id, len(self.scheduler.running), engine_step=self._steps + 1))
 
-    def _propose(self, sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
+    def _propose(self, scheduled: list[ScheduledRequest],
+                 sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
         speculating = [p for p in sampling if p.num_draft_slots > 0]
         if not speculating or self.drafter is None:
             return {}, None
+        counts = [p.num_draft_slots for p in speculating]
+        if self.adaptive is not None:
+            counts = self.adaptive.allot(
+                [DraftClaim(p.request.request_id, p.num_draft_slots,
+                            fixed=_batch_invariant(p.request.params) or self.adaptive.probing(p.request.request_id),
+                            rows_per_draft=len(p.request.seqs))
+                 for p in speculating],
+                base_rows=sum(sum(p.num_new) for p in scheduled),
+                base_tokens=len(sampling),
+                padded_rows=self.model.padded_rows,
+            )
+        drafting = [(p, k) for p, k in zip(speculating, counts) if k > 0]
+        if not drafting:
+            return {}, None
+        speculating = [p for p, _ in drafting]
         batch = self.drafter.propose([
-            DraftRequest(p.request.request_id, p.request.all_token_ids(), p.num_draft_slots,
+            DraftRequest(p.request.request_id, p.request.all_token_ids(), k,
                          p.request.params, p.request.seed, p.request.step)
-            for p in speculating
+            for p, k in drafting
         ])
         drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
         return drafts, batch.probs
@@ -301,3 +318,10 @@ def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
                 longest = n
                 break
     return longest
+
+
+def _batch_invariant(params: SamplingParams) -> bool:
+    """K decides which random numbers a sampled request consumes, so a seeded one takes K from
+    its own history alone (batch size 1 in the cost model, never trimmed with the batch's
+    drafts) to stay batch invariant."""
+    return params.seed is not None and not params.greedy

@@ -102,6 +102,11 @@ class Linear(nn.Module):
         self.skinny = device.type == "cpu" and dtype == torch.float32
         self.widening = widening
 
+    def cost_rows(self, rows: int) -> int:
+        """The row count a product over `rows` rows costs like (skinny products pad)."""
+        skinny = self.skinny or (self.widening is not None and rows > 1)
+        return skinny_rows(rows) if skinny and rows <= SKINNY_MAX_ROWS else rows
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.skinny:
             return _cpu_fp32_product(self.weight, x, x.dtype)

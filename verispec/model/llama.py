@@ -147,6 +147,11 @@ class LlamaModel(nn.Module):
                 layer.gate_up_proj.weight.copy_(gate_up)
                 layer.down_proj.weight.copy_(get(p + "mlp.down_proj.weight", (hidden, inter)))
 
+    def padded_rows(self, rows: int) -> int:
+        """The row count a forward pass over `rows` new tokens costs like: on CPU the products
+        pad rows to the counts BLAS runs fastest (verispec.model.linear)."""
+        return self.lm_head.cost_rows(rows)
+
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim].
 

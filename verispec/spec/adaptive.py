@@ -10,7 +10,16 @@ emitted tokens per step (metrics.expected_emitted_tokens); K is its argmax over 
 alpha is estimated per request from a decaying count of accepted and rejected drafts (the first
 rejection of a step counts once; drafts after it were never judged), starting from a prior worth
 `prior_weight` drafts. A request whose K dropped to 0 probes with one draft every
-`probe_interval` steps, so text that turns repetitive regains speculation.
+`probe_interval` steps, so text that turns repetitive regains speculation; in a batch of B the
+interval grows by c(B) / c(1) (a probe row costs that much more of the step there), and all such
+requests of the batch probe on the same engine step.
+
+Per step, `allot` then trims the drafts of all requests together against the real shape of the
+step's cost, a + b·rows(R) where rows(R) is what a pass over R rows costs like (the model pads
+rows on CPU: 17 rows cost what 32 do, see verispec/model/linear.py): the drafts with the largest
+expected gain (alpha^j for a request's j-th draft) are kept while they raise the expected tokens
+per unit of cost. A K chosen per request cannot see that one extra row can cost a whole padding
+step for everybody.
 
 K only changes speed: whatever K a request gets from its past, its output is exact. K does
 decide which random numbers a sampled request consumes, so the engine prices seeded sampled
@@ -20,9 +29,25 @@ invariant; greedy and unseeded requests get the batch-size-aware K.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .metrics import expected_emitted_tokens
+
+
+@dataclass(frozen=True)
+class DraftClaim:
+    """A request's bid for draft rows in one step.
+
+    slots: the K it may draft this step; fixed: it keeps all of them (a probe, or a seeded sampled
+    request, whose drafts must not depend on the batch); rows_per_draft: 2 with a CFG companion.
+    """
+
+    request_id: str
+    slots: int
+    fixed: bool
+    rows_per_draft: int = 1
 
 
 @dataclass
@@ -30,6 +55,7 @@ class _Estimate:
     accepted: float = 0.0
     judged: float = 0.0
     idle_steps: int = 0
+    probing: bool = False
 
 
 class AdaptiveK:
@@ -53,9 +79,19 @@ class AdaptiveK:
     def table(self, batch_size: int) -> list[int]:
         """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once)."""
         if batch_size not in self._tables:
-            cost = batch_size * self.row_cost / (1 + batch_size * self.row_cost)
+            cost = self._row_cost_at(batch_size)
             self._tables[batch_size] = [self._best_k(i / 100, cost) for i in range(101)]
         return self._tables[batch_size]
+
+    def _row_cost_at(self, batch_size: int) -> float:
+        """c: the cost of one more row per request, relative to the step, at this batch size."""
+        return batch_size * self.row_cost / (1 + batch_size * self.row_cost)
+
+    def probe_interval_at(self, batch_size: int) -> int:
+        """Steps between probes: probe_interval alone, longer in bigger batches, where a probe
+        row costs more of the step, so that probing costs every batch size the same share."""
+        scale = self._row_cost_at(batch_size) / self._row_cost_at(1)
+        return math.ceil(self.probe_interval * scale - 1e-9)
 
     def _best_k(self, alpha: float, cost: float) -> int:
         rates = [expected_emitted_tokens(alpha, k) / (1 + cost * k) for k in range(self.max_k + 1)]
@@ -65,16 +101,68 @@ class AdaptiveK:
         e = self._estimates.get(request_id, _Estimate())
         return (e.accepted + self.prior * self.prior_weight) / (e.judged + self.prior_weight)
 
-    def num_draft_tokens(self, request_id: str, batch_size: int = 1) -> int:
-        """K for the request's next step, among `batch_size` running requests."""
-        k = self.table(max(1, batch_size))[round(self.alpha(request_id) * 100)]
+    def num_draft_tokens(self, request_id: str, batch_size: int = 1,
+                         engine_step: int | None = None) -> int:
+        """K for the request's next step, among `batch_size` running requests.
+
+        engine_step: the number of that step in the engine; given, requests at K = 0 probe
+        together on every probe_interval-th engine step, so that the probe rows of a batch share
+        one step (and its padding) instead of spreading over all of them. Left out, a request
+        probes after probe_interval steps of its own (what a seeded request needs to stay batch
+        invariant)."""
+        batch_size = max(1, batch_size)
+        k = self.table(batch_size)[round(self.alpha(request_id) * 100)]
+        e = self._estimates.setdefault(request_id, _Estimate())
+        e.probing = False
         if k == 0 and self.max_k > 0:
-            e = self._estimates.setdefault(request_id, _Estimate())
             e.idle_steps += 1
-            if e.idle_steps >= self.probe_interval:
+            interval = self.probe_interval_at(batch_size)
+            due = e.idle_steps >= interval if engine_step is None else engine_step % interval == 0
+            if due:
                 e.idle_steps = 0
+                e.probing = True
                 return 1
         return k
+
+    def probing(self, request_id: str) -> bool:
+        """Whether the request's last K came from a probe rather than from its acceptance."""
+        e = self._estimates.get(request_id)
+        return e is not None and e.probing
+
+    def allot(
+        self,
+        claims: list[DraftClaim],
+        base_rows: int,
+        base_tokens: float,
+        padded_rows: Callable[[int], int],
+    ) -> list[int]:
+        """Draft tokens per claim for one step (module docstring).
+
+        base_rows: rows the step runs without the claims' drafts; base_tokens: tokens it emits
+        without them (one per sampling request); padded_rows: rows a pass over R rows costs like.
+        """
+        rows, tokens = base_rows, base_tokens
+        gains: list[tuple[float, int, int]] = []  # (expected tokens, rows, claim) per optional draft
+        for i, claim in enumerate(claims):
+            alpha = self.alpha(claim.request_id)
+            if claim.fixed:
+                rows += claim.slots * claim.rows_per_draft
+                tokens += expected_emitted_tokens(alpha, claim.slots) - 1
+            else:
+                gains.extend((alpha ** j, claim.rows_per_draft, i) for j in range(1, claim.slots + 1))
+        # A request's j-th draft gains no more than its (j-1)-th and the sort is stable, so every
+        # prefix of this order keeps a prefix of each request's drafts.
+        gains.sort(key=lambda g: -g[0])
+        best, best_rate = 0, tokens / (1 + self.row_cost * padded_rows(rows))
+        for m, (gain, extra_rows, _) in enumerate(gains, start=1):
+            rows, tokens = rows + extra_rows, tokens + gain
+            rate = tokens / (1 + self.row_cost * padded_rows(rows))
+            if rate > best_rate:
+                best, best_rate = m, rate
+        allotted = [claim.slots if claim.fixed else 0 for claim in claims]
+        for _, _, i in gains[:best]:
+            allotted[i] += 1
+        return allotted
 
     def observe(self, request_id: str, num_draft: int, num_accepted: int) -> None:
         if num_draft == 0:
