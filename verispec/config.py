@@ -34,8 +34,9 @@ class SpeculativeConfig:
         tokenizer, given by `draft_model`), or "none".
     num_speculative_tokens: K, the most draft tokens per request per step.
     ngram_min / ngram_max: n-gram sizes tried, longest first.
-    adaptive: choose each request's K per step from its acceptance so far (spec/adaptive.py),
-        never above num_speculative_tokens; off: always num_speculative_tokens.
+    adaptive: choose each request's K per step from its acceptance so far, and trim the step's
+        drafts together against the step's cost (spec/adaptive.py), never above
+        num_speculative_tokens; off: always num_speculative_tokens.
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
         pass's fixed cost (about 0.1 for the default model on CPU; a draft model's own cost per
         token adds to it).
