@@ -71,3 +71,33 @@ def test_cfg_scale_one_is_the_conditional_row_bit_for_bit() -> None:
     out = process_logits(cond, torch.tensor([0, 1]), sampling, uncond)
     assert torch.equal(out[1], cond[1])
     torch.testing.assert_close(out[0], uncond[0] + 2.0 * (cond[0] - uncond[0]))
+
+
+def test_cpu_head_search_matches_reference_on_a_large_vocabulary() -> None:
+    """Rows whose kept tokens fit the CPU head, and rows that make it widen (flat nuclei, ties
+    reaching past the head, top-k above it), against the per-row float64 reference."""
+    g = torch.Generator().manual_seed(3)
+    vocab = 5000
+    ties_k = torch.full((vocab,), -2.0)
+    ties_k[:10], ties_k[10:310] = 5.0, 1.0  # the 50th largest value is tied over 300 tokens
+    ties_p = torch.full((vocab,), -3.0)
+    ties_p[:400] = 2.0  # the top mass is 400 equal tokens
+    rows = [
+        (torch.randn(vocab, generator=g) * 8, SamplingParams(top_p=0.9)),
+        (torch.randn(vocab, generator=g) * 0.3, SamplingParams(top_p=0.95)),
+        (torch.randn(vocab, generator=g) * 2, SamplingParams(temperature=0.7, top_p=0.7)),
+        (ties_k, SamplingParams(top_k=50)),
+        (ties_p, SamplingParams(top_p=0.5)),
+        (torch.randn(vocab, generator=g) * 2, SamplingParams(top_k=300, top_p=0.99)),
+        (torch.randn(vocab, generator=g), SamplingParams(temperature=0.9)),
+        (torch.randn(vocab, generator=g) * 4, SamplingParams(top_k=20, top_p=0.8)),
+    ]
+    logits = torch.stack([row for row, _ in rows])
+    params = [p for _, p in rows]
+    out = process_logits(logits, torch.arange(len(rows)), SamplingMetadata.from_params(params))
+    kept = torch.isfinite(out).sum(-1).tolist()
+    assert kept[3] == 310 and kept[4] == 400 and kept[1] > 2048  # widened past the head
+    for i, (row, p) in enumerate(rows):
+        expected = reference_probs(row, p)
+        assert torch.equal(torch.isfinite(out[i]), expected > 0)
+        torch.testing.assert_close(out[i].softmax(-1).double(), expected, atol=1e-6, rtol=1e-5)

@@ -36,6 +36,12 @@ def cfg_combine(
     return torch.where(g == 1, cond, guided)
 
 
+# On CPU, top-k / top-p read the sorted head of each row (torch.topk) before sorting whole rows:
+# sorting 6 rows of 49,152 takes 12 ms on 2 cores, their top 256 0.6 ms. The head widens x8 until
+# it holds every kept token (most nuclei of language models are far smaller).
+CPU_HEAD = 256
+
+
 def apply_top_k_top_p(
     x: torch.Tensor,  # [N, V] tempered logits
     top_k: torch.Tensor | None,  # [N] int64, 0 = off; None when no row uses it
@@ -43,19 +49,42 @@ def apply_top_k_top_p(
 ) -> torch.Tensor:  # [N, V]
     """Masks with -inf the tokens outside each row's top-k, then outside its nucleus."""
     vocab = x.shape[-1]
-    ordered = x.sort(dim=-1, descending=True).values
+    width = vocab
+    if x.device.type == "cpu":  # on GPUs a full sort is fast and a widening check would sync
+        width = min(vocab, max(CPU_HEAD, int(top_k.max()) if top_k is not None else 0))
+    while True:
+        threshold, complete = _top_k_top_p_threshold(x, top_k, top_p, width)
+        if width == vocab or bool(complete.all()):
+            return x.masked_fill(x < threshold, float("-inf"))
+        width = min(vocab, width * 8)
+
+
+def _top_k_top_p_threshold(
+    x: torch.Tensor,  # [N, V] tempered logits
+    top_k: torch.Tensor | None,  # [N] int64, 0 = off; at most `width` where > 0
+    top_p: torch.Tensor | None,  # [N] float32, 1 = off
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([N, 1] threshold, [N, 1] bool)
+    """Each row's threshold from its `width` largest values, and whether those hold every
+    token at or above it (else a wider head may find a lower threshold)."""
+    vocab = x.shape[-1]
+    head = x.topk(width, dim=-1).values if width < vocab else x.sort(dim=-1, descending=True).values
     threshold = torch.full_like(x[:, :1], float("-inf"))
+    ordered = head
     if top_k is not None:
-        kth = ordered.gather(1, (top_k - 1).clamp(0, vocab - 1)[:, None])
+        kth = head.gather(1, (top_k - 1).clamp(0, width - 1)[:, None])
         threshold = torch.where(top_k[:, None] > 0, kth, threshold)
-        ordered = ordered.masked_fill(ordered < threshold, float("-inf"))
+        ordered = head.masked_fill(head < threshold, float("-inf"))
     if top_p is not None:
-        cum_mass = ordered.softmax(dim=-1).cumsum(dim=-1)
+        # Masses are shares of the whole row after top-k, which the head may not hold.
+        kept = x if top_k is None else x.masked_fill(x < threshold, float("-inf"))
+        cum_mass = (ordered - kept.logsumexp(dim=-1, keepdim=True)).exp().cumsum(dim=-1)
         # The nucleus ends at the first sorted position whose running mass reaches top_p.
-        last = (cum_mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+        last = (cum_mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=width - 1)
         nucleus = ordered.gather(1, last)
         threshold = torch.where(top_p[:, None] < 1, torch.maximum(threshold, nucleus), threshold)
-    return x.masked_fill(x < threshold, float("-inf"))
+    complete = (threshold == float("-inf")) | (head[:, -1:] < threshold)
+    return threshold, complete
 
 
 def apply_min_p(
