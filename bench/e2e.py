@@ -4,7 +4,10 @@ Side by side in one process, on the same weights (the dequantized SmolLM2-135M-I
 same prompts, greedy, for each dtype:
 - batch 1, a copy-heavy prompt and an open-ended one: HF `generate`, HF prompt-lookup assisted
   generation, verispec without speculation, verispec with the n-gram drafter;
-- batch 16 aggregate throughput: HF `generate` (left-padded batch) and verispec.
+- batch 1, sampled (temperature 0.8, top-k 50, top-p 0.9) on the open prompt, fixed length:
+  HF `generate`, verispec without and with the n-gram drafter;
+- batch 16 aggregate throughput: HF `generate` (left-padded batch), verispec without and with
+  the n-gram drafter.
 Also printed: the weight-bytes floor of one decode step (model bytes / copy bandwidth measured in
 the same run) and whether each greedy output equals HF's token for token.
 
@@ -36,6 +39,8 @@ PROMPTS = {
     "copy": f"Repeat the following text exactly, word for word:\n\n{COPY_TEXT}",
     "open": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
+# Sampled rows: a common setting whose filters need the top of each sorted row.
+SAMPLED = dict(temperature=0.8, top_k=50, top_p=0.9)
 BATCH_TOPICS = [
     "the ocean", "volcanoes", "bees", "the moon", "chess", "bread", "rivers", "owls",
     "glaciers", "trains", "tea", "deserts", "whales", "clocks", "maps", "rain",
@@ -54,7 +59,9 @@ def timed(fn):
 
 
 def hf_generate(model, prompts: list[list[int]], max_tokens: int, **kwargs) -> tuple[list[list[int]], float]:
-    """Greedy, left-padded; returns generated ids (up to and including EOS) and seconds."""
+    """Greedy unless kwargs say otherwise, left-padded; returns generated ids (up to and
+    including EOS) and seconds."""
+    kwargs.setdefault("do_sample", False)
     width = max(len(p) for p in prompts)
     pad = model.generation_config.eos_token_id
     pad = pad[0] if isinstance(pad, list) else pad
@@ -62,7 +69,7 @@ def hf_generate(model, prompts: list[list[int]], max_tokens: int, **kwargs) -> t
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
         out, seconds = timed(lambda: model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
             pad_token_id=pad, **kwargs,
         ))
     eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
@@ -74,8 +81,10 @@ def hf_generate(model, prompts: list[list[int]], max_tokens: int, **kwargs) -> t
     return results, seconds
 
 
-def ours(llm: LLM, prompts: list[list[int]], max_tokens: int, fixed_length: bool = False) -> tuple[list[list[int]], float, float]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=fixed_length)
+def ours(llm: LLM, prompts: list[list[int]], max_tokens: int, fixed_length: bool = False,
+         sampled: bool = False) -> tuple[list[list[int]], float, float]:
+    mode = dict(SAMPLED, seed=0) if sampled else dict(temperature=0)
+    params = SamplingParams(**mode, max_tokens=max_tokens, ignore_eos=fixed_length)
     outs, seconds = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
     stats = [o.stats for o in outs]
     drafted = sum(s.num_draft_tokens for s in stats)
@@ -119,6 +128,21 @@ def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float) -> lis
             rows.append(row)
             print(f"{name:<6} {system:<24} {len(ids):>6} {rate:>7.1f} {rate / hf_rate:>5.2f}x {rate / pl_rate:>7.2f}x"
                   f" {'' if acc is None else f'{acc:.2f}':>6} {str(ids == hf_ids):>10}")
+    # Sampled, fixed length (EOS ignored): the cost of the filters in every step.
+    prompt = chat(plain, PROMPTS["open"])
+    (hf_ids,), hf_s = hf_generate(hf, [prompt], max_tokens, do_sample=True, min_new_tokens=max_tokens, **SAMPLED)
+    hf_rate = len(hf_ids) / hf_s
+    entries = [("HF generate", hf_ids, hf_s, None)]
+    for system, llm in (("verispec", plain), ("verispec + n-gram", ngram)):
+        (ids,), seconds, acc = ours(llm, [prompt], max_tokens, fixed_length=True, sampled=True)
+        entries.append((system, ids, seconds, acc if llm is ngram else None))
+    for system, ids, seconds, acc in entries:
+        rate = len(ids) / seconds
+        rows.append({"dtype": dtype_name, "prompt": "open, sampled", "batch": 1, "system": system,
+                     "tokens": len(ids), "seconds": seconds, "tok_per_s": rate, "vs_hf": rate / hf_rate,
+                     "acceptance": acc, "sampling": SAMPLED})
+        print(f"{'sample':<6} {system:<24} {len(ids):>6} {rate:>7.1f} {rate / hf_rate:>5.2f}x {'':>8}"
+              f" {'' if acc is None else f'{acc:.2f}':>6}")
     # Throughput: every request generates exactly max_tokens (EOS ignored), as throughput
     # benchmarks usually fix output lengths, so no system is measured on a lone straggler.
     prompts = [chat(plain, f"Write three sentences about {t}.") for t in BATCH_TOPICS]
