@@ -101,3 +101,15 @@ def test_cpu_head_search_matches_reference_on_a_large_vocabulary() -> None:
         expected = reference_probs(row, p)
         assert torch.equal(torch.isfinite(out[i]), expected > 0)
         torch.testing.assert_close(out[i].softmax(-1).double(), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_cpu_head_search_normalises_top_k_mass_that_reaches_past_the_head() -> None:
+    """The 50th largest value is tied over 300 tokens, so the top-k mass reaches past the
+    256-wide head: the top 10 tokens hold 0.645 of it but 0.689 of the head's, and a head-only
+    normaliser would end the 0.65 nucleus at them instead of keeping all 310."""
+    row = torch.full((5000,), -2.0)
+    row[:10], row[10:310] = 5.0, 1.0
+    params = SamplingParams(top_k=50, top_p=0.65)
+    out = process_logits(row[None], torch.tensor([0]), SamplingMetadata.from_params([params]))
+    assert torch.equal(torch.isfinite(out[0]), reference_probs(row, params) > 0)
+    assert int(torch.isfinite(out).sum()) == 310

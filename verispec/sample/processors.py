@@ -75,15 +75,23 @@ def _top_k_top_p_threshold(
         kth = head.gather(1, (top_k - 1).clamp(0, width - 1)[:, None])
         threshold = torch.where(top_k[:, None] > 0, kth, threshold)
         ordered = head.masked_fill(head < threshold, float("-inf"))
+    complete = torch.ones_like(threshold, dtype=torch.bool)
     if top_p is not None:
-        # Masses are shares of the whole row after top-k, which the head may not hold.
-        kept = x if top_k is None else x.masked_fill(x < threshold, float("-inf"))
-        cum_mass = (ordered - kept.logsumexp(dim=-1, keepdim=True)).exp().cumsum(dim=-1)
+        # Masses are shares of the row after top-k: the head holds all of a top-k row's mass
+        # unless tokens tied with its k-th value lie past it (then it widens); other rows need
+        # their whole row.
+        lse = ordered.logsumexp(dim=-1, keepdim=True)
+        if top_k is not None:
+            complete = (top_k[:, None] <= 0) | (head[:, -1:] < threshold)
+        if width < vocab and (top_k is None or not bool((top_k > 0).all())):
+            row_lse = x.logsumexp(dim=-1, keepdim=True)
+            lse = row_lse if top_k is None else torch.where(top_k[:, None] > 0, lse, row_lse)
+        cum_mass = (ordered - lse).exp().cumsum(dim=-1)
         # The nucleus ends at the first sorted position whose running mass reaches top_p.
         last = (cum_mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=width - 1)
         nucleus = ordered.gather(1, last)
         threshold = torch.where(top_p[:, None] < 1, torch.maximum(threshold, nucleus), threshold)
-    complete = (threshold == float("-inf")) | (head[:, -1:] < threshold)
+    complete &= (threshold == float("-inf")) | (head[:, -1:] < threshold)
     return threshold, complete
 
 
