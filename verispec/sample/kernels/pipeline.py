@@ -39,6 +39,30 @@ def processed_logits(
 
 
 @triton.jit
+def processed_tile(
+    logits_ptr,  # [num_rows, vocab_size]
+    uncond_ptr,  # [num_rows, vocab_size] (HAS_CFG)
+    row_offset,  # [ROWS] int64, offset of each row's first element
+    active,  # [ROWS] bool, rows to read; the others come back -inf
+    start,  # first column of the tile
+    vocab,
+    gamma,  # [ROWS] float32 guidance scale
+    temperature,  # [ROWS] float32 effective temperature
+    HAS_CFG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """([ROWS, BLOCK_V] float32 processed logits, [ROWS, BLOCK_V] bool in-row mask) of the
+    columns start .. start + BLOCK_V of each row: the unit every full-row pass reads."""
+    cols = start + tl.arange(0, BLOCK_V)
+    mask = active[:, None] & (cols[None, :] < vocab)
+    y = processed_logits(
+        logits_ptr, uncond_ptr, row_offset[:, None] + cols[None, :], mask,
+        gamma[:, None], temperature[:, None], HAS_CFG,
+    )
+    return y, mask
+
+
+@triton.jit
 def kept(
     y,  # [...] float32 processed logits
     threshold,  # [...] float32 smallest value top-k / top-p keep (-inf: none)

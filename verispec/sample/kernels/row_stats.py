@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..metadata import SamplingMetadata
 from . import tiles
-from .pipeline import kept, processed_logits, sampling_probs
+from .pipeline import kept, processed_tile, sampling_probs
 from .threshold import largest_threshold
 
 
@@ -172,12 +172,8 @@ def _row_stats_kernel(
     row_min = tl.full([ROWS], float("inf"), tl.float32)
     best = tl.zeros([ROWS], tl.int32)
     for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        mask = live[:, None] & (cols[None, :] < vocab)
-        y = processed_logits(
-            logits_ptr, uncond_ptr, row_offset[:, None] + cols[None, :], mask,
-            gamma[:, None], temperature[:, None], HAS_CFG,
-        )
+        y, mask = processed_tile(logits_ptr, uncond_ptr, row_offset, live, start, vocab,
+                                 gamma, temperature, HAS_CFG, BLOCK_V)
         chunk_max = tl.max(y, axis=1)
         if IS_TARGET:
             best = tl.where(chunk_max > row_max, start + tl.argmax(y, axis=1), best)
@@ -218,12 +214,8 @@ def _row_stats_kernel(
             filtered = live & (min_p > 0)
             min_p_mass = tl.zeros([ROWS], tl.float32)
             for start in range(0, vocab, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
-                mask = filtered[:, None] & (cols[None, :] < vocab)
-                y = processed_logits(
-                    logits_ptr, uncond_ptr, row_offset[:, None] + cols[None, :], mask,
-                    gamma[:, None], temperature[:, None], HAS_CFG,
-                )
+                y, mask = processed_tile(logits_ptr, uncond_ptr, row_offset, filtered, start, vocab,
+                                         gamma, temperature, HAS_CFG, BLOCK_V)
                 keep = mask & kept(y, threshold[:, None], row_max[:, None], log_min_p[:, None], True)
                 min_p_mass += tl.sum(tl.where(keep, tl.exp(y - row_max[:, None]), 0.0), axis=1)
             kept_mass = tl.where(filtered, min_p_mass, kept_mass)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .pipeline import key_value, order_key, processed_logits
+from .pipeline import key_value, order_key, processed_tile
 
 
 @triton.jit
@@ -58,12 +58,8 @@ def largest_threshold(
         above = tl.full([ROWS, NUM_PIVOTS], float("inf"), tl.float32)  # smallest value >= pivot
         below = tl.full([ROWS, NUM_PIVOTS], float("-inf"), tl.float32)  # largest value < pivot
         for start in range(0, vocab, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            mask = searching[:, None] & (cols[None, :] < vocab)
-            y = processed_logits(
-                logits_ptr, uncond_ptr, row_offset[:, None] + cols[None, :], mask,
-                gamma[:, None], temperature[:, None], HAS_CFG,
-            )
+            y, mask = processed_tile(logits_ptr, uncond_ptr, row_offset, searching, start, vocab,
+                                     gamma, temperature, HAS_CFG, BLOCK_V)
             weight = tl.exp(y - row_max[:, None])[:, None, :]
             y3 = y[:, None, :]
             ge = (y3 >= pivot) & mask[:, None, :]
