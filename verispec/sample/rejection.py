@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from types import ModuleType
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import torch
 
@@ -36,32 +35,10 @@ from . import validation as check
 from .metadata import SamplingMetadata
 from .processors import process_logits
 from .rng import ACCEPT, SAMPLE, uniform
+from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs, RejectionOutput
 
-PLACEHOLDER_TOKEN_ID = -1
 BACKENDS = ("native", "triton")
 BACKEND_ENV = "VERISPEC_SAMPLER_BACKEND"  # forces the default backend, e.g. for tests
-
-
-class DraftProbs(NamedTuple):
-    """Draft distributions as probabilities (already through the sampling pipeline)."""
-
-    probs: torch.Tensor  # [num_draft_tokens, V]
-
-
-class DraftLogits(NamedTuple):
-    """Draft distributions as raw logits; the verifier applies the request's pipeline (no CFG)."""
-
-    logits: torch.Tensor  # [num_draft_tokens, V]
-
-
-Draft = Union[DraftProbs, DraftLogits, None]
-
-
-@dataclass(frozen=True)
-class RejectionOutput:
-    token_ids: torch.Tensor  # [B, max_K + 1] int64, PLACEHOLDER_TOKEN_ID after the emitted tokens
-    num_emitted: torch.Tensor  # [B] int64, num_accepted + 1
-    num_accepted: torch.Tensor  # [B] int64
 
 
 def rejection_sample(

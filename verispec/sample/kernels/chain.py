@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..metadata import SamplingMetadata
-from ..rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
+from ..types import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from . import tiles
 from .final_sample import finish_split_races, pack, race, winner
 from .pipeline import sampling_probs

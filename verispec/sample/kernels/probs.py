@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rejection import RejectionOutput
+from ..types import RejectionOutput
 from .chain import accept_and_sample
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..metadata import SamplingMetadata
-from ..rejection import Draft, DraftLogits, RejectionOutput
+from ..types import Draft, DraftLogits, RejectionOutput
 from .chain import accept_and_sample
 from .row_stats import row_stats
 
