@@ -337,11 +337,13 @@ def _sample_final(
     rejected = num_accepted < lay.num_draft
     if ids.numel() > 0:
         final_draft = (lay.draft_start + num_accepted).clamp(max=ids.shape[0] - 1)
+        # A slot whose id is out of range (a caller's -1 placeholder) drafted nothing, so
+        # nothing was rejected there: its token follows p, whatever q says.
+        residual = rejected & in_range[final_draft]
         if draft is None:
             # One-hot q: the residual max(p - q, 0) is p with the rejected token removed.
-            drop = rejected & in_range[final_draft]
             weights = p.scatter(1, ids[final_draft][:, None], 0.0)
-            weights = torch.where(drop[:, None], weights, p)
+            weights = torch.where(residual[:, None], weights, p)
         else:
             if isinstance(draft, DraftLogits):
                 q_rows = process_logits(
@@ -349,7 +351,7 @@ def _sample_final(
                 ).softmax(dim=-1)
             else:
                 q_rows = draft.probs[final_draft].float()
-            weights = torch.where(rejected[:, None], (p - q_rows).clamp(min=0), p)
+            weights = torch.where(residual[:, None], (p - q_rows).clamp(min=0), p)
         # A residual with no mass means the rejection had probability 0: fall back to p.
         weights = torch.where(weights.sum(dim=-1, keepdim=True) > 0, weights, p)
     else:

@@ -201,7 +201,10 @@ def _chain_kernel(
         final_token = tl.where(greedy, top, final_token)
     if not ALL_GREEDY:
         racing = live & ~greedy
-        residual = racing & rejected
+        # A slot whose id is out of range (a caller's -1 placeholder) drafted nothing: its
+        # token follows p, whatever q says.
+        final_id = tl.load(ids_ptr + final_draft, mask=racing & rejected, other=-1)
+        residual = racing & rejected & (final_id >= 0) & (final_id < vocab)
         stream_bits = stream(key, num_accepted, SAMPLE)[:, None]
         if not TARGET_PROBS:
             temperature = tl.load(temperature_ptr + req, mask=racing, other=1.0)
@@ -214,7 +217,7 @@ def _chain_kernel(
             if HAS_MIN_P:
                 log_min_p = tl.log(tl.load(min_p_ptr + req, mask=racing, other=0.0))[:, None]
         if DRAFT_KIND == DRAFT_ONE_HOT:
-            rejected_id = tl.load(ids_ptr + final_draft, mask=residual, other=-1)[:, None]
+            rejected_id = tl.where(residual, final_id, -1)[:, None]
         if DRAFT_KIND == DRAFT_LOGITS:
             q_row_max = tl.load(q_row_max_ptr + final_draft, mask=residual, other=0.0)[:, None]
             q_lse = tl.load(q_lse_ptr + final_draft, mask=residual, other=0.0)[:, None]
