@@ -8,6 +8,7 @@ import torch
 from verispec import SamplingParams
 from verispec.sample.vllm_compat import RejectionSampler
 
+from ..stats import chi_square
 from .harness import V, World
 
 
@@ -65,3 +66,60 @@ def test_strict_mode_rejects_bad_input() -> None:
         sampler(probs, torch.tensor([[0]]), draft[:, :1], torch.tensor([[1, 2]]))
     with pytest.raises(ValueError, match="target_with_bonus_probs row 0 sums to 2"):
         sampler(probs * 2, torch.tensor([[0]]), draft, torch.tensor([[1, 2]]))
+
+
+def test_accepted_counter_counts_every_passing_draft_as_vllm_does() -> None:
+    """vLLM V0 counts drafts that pass their own test even after an earlier rejection."""
+    probs = torch.zeros(1, 3, 5)
+    probs[:, :, 2] = 1.0
+    draft = torch.full((1, 2, 5), 0.2)
+    sampler = RejectionSampler()
+    out = sampler(probs, torch.tensor([[4]]), draft, torch.tensor([[3, 2]]))
+    assert out.tolist() == [[2, -1, -1]]  # 3 rejected (p = 0), the recovered token is 2
+    assert int(sampler.num_accepted_tokens) == 1 and int(sampler.num_emitted_tokens) == 1
+
+
+def test_torch_manual_seed_reproduces_unseeded_rows() -> None:
+    g = torch.Generator().manual_seed(5)
+    probs = torch.softmax(torch.randn(64, 4, 30, generator=g), -1)
+    draft = torch.softmax(torch.randn(64, 3, 30, generator=g), -1)
+    ids = torch.randint(0, 30, (64, 3), generator=g)
+    bonus = torch.zeros(64, 1, dtype=torch.long)
+
+    def run(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return RejectionSampler()(probs, bonus, draft, ids)
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_empty_batch(strict: bool) -> None:
+    sampler = RejectionSampler(strict_mode=strict)
+    out = sampler(torch.zeros(0, 3, 4), torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 2, 4),
+                  torch.zeros(0, 2, dtype=torch.long))
+    assert out.shape == (0, 3) and sampler.num_draft_tokens == 0
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_seeded_row_outside_the_batch_is_a_clear_error(strict: bool) -> None:
+    probs = torch.full((2, 2, 4), 0.25)
+    with pytest.raises(ValueError, match=r"seeded_seqs has row 2: expected row indices in \[0, 2\)"):
+        RejectionSampler(strict_mode=strict)(probs, torch.zeros(2, 1, dtype=torch.long), probs[:, :1],
+                                             torch.zeros(2, 1, dtype=torch.long),
+                                             seeded_seqs={2: torch.Generator().manual_seed(0)})
+
+
+def test_strict_mode_takes_placeholder_drafts_and_they_follow_p() -> None:
+    """vLLM pads draft slots with -1; such a slot drafted nothing, so its token follows p even
+    though the (meaningless) draft row there is far from p."""
+    n = 100_000
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    target = p.float().expand(n, 2, 4)
+    draft = p.float().flip(0).expand(n, 1, 4)
+    out = RejectionSampler(strict_mode=True)(target, torch.zeros(n, 1, dtype=torch.long), draft,
+                                             torch.full((n, 1), -1))
+    assert bool((out[:, 1] == -1).all())
+    result = chi_square(out[:, 0], p)
+    assert result.passed, result
