@@ -1,0 +1,56 @@
+"""Log-probabilities of emitted tokens, computed only when a request asks for them.
+
+An emitted token's log-probability is read from the target row it was emitted at (an accepted
+draft at its own verify row, the recovered or bonus token at the final row), under the
+request's processed distribution: the same pipeline the verifier samples from. A greedy request
+has no distribution to sample (temperature 0), so it reports the distribution at temperature 1
+with every adjustment that can move the argmax applied (CFG and any logit adjustments) and no
+filters: the figures users of other engines expect for greedy decoding. The top-n alternatives
+of a row are its n likeliest tokens; a token ruled out by a filter (log-probability -inf) is
+never listed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .metadata import SamplingMetadata
+from .processors import process_logits
+from .types import RejectionOutput
+
+MAX_TOP_LOGPROBS = 20
+
+
+class EmittedLogprobs(NamedTuple):
+    """Rows are the emitted tokens of the requests that asked, request by request, in order."""
+
+    num_rows: list[int]  # per request: its emitted tokens if it asked, else 0
+    token_logprobs: torch.Tensor  # [R] float32, of each emitted token
+    top_ids: torch.Tensor  # [R, n] int64, likeliest first
+    top_logprobs: torch.Tensor  # [R, n] float32
+
+
+def emitted_logprobs(
+    target_logits: torch.Tensor,  # [num_draft_tokens + B, V], as given to rejection_sample
+    cu_num_draft_tokens: torch.Tensor,  # [B + 1], leading 0
+    sampling: SamplingMetadata,
+    out: RejectionOutput,
+    wanted: list[bool],  # per request: whether it asked for log-probabilities
+    num_top: int,  # n, the alternatives per row (0..MAX_TOP_LOGPROBS)
+    uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V] CFG rows, or None
+) -> EmittedLogprobs:
+    device = target_logits.device
+    counts = [n if w else 0 for n, w in zip(out.num_emitted.tolist(), wanted)]
+    request = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(device)
+    starts = torch.tensor([0, *counts[:-1]]).cumsum(0).to(device)
+    slot = torch.arange(request.shape[0], device=device) - starts[request]  # position in its output
+    row = cu_num_draft_tokens.to(device)[request] + request + slot
+    processed = process_logits(
+        target_logits[row], request, sampling, None if uncond_logits is None else uncond_logits[row]
+    )
+    logprobs = processed.log_softmax(dim=-1)  # [R, V]
+    tokens = out.token_ids[request, slot]
+    top = logprobs.topk(num_top, dim=-1)
+    return EmittedLogprobs(counts, logprobs.gather(1, tokens[:, None])[:, 0], top.indices, top.values)
