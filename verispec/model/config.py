@@ -74,3 +74,12 @@ class ModelConfig:
         _require("eos_token_ids", self.eos_token_ids, f"a tuple of {in_vocab}",
                  isinstance(self.eos_token_ids, tuple)
                  and all(_is_int(t) and 0 <= t < self.vocab_size for t in self.eos_token_ids))
+
+    @property
+    def num_parameters(self) -> int:
+        """How many weights the model holds (counting a tied embedding once)."""
+        hidden, head_dim = self.hidden_size, self.head_dim
+        attention = hidden * (2 * self.num_heads + 2 * self.num_kv_heads) * head_dim
+        layer = attention + 3 * hidden * self.intermediate_size + 2 * hidden
+        embeddings = self.vocab_size * hidden * (1 if self.tie_word_embeddings else 2)
+        return embeddings + hidden + self.num_layers * layer
