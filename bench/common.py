@@ -13,8 +13,8 @@ import torch
 
 
 def measure(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median seconds of `reps` calls after one warm-up; on CUDA, triton's do_bench median (the
-    method of the DESIGN §4 anchors: L2 flushed, CUDA events)."""
+    """Median seconds of `reps` calls after one warm-up; on CUDA, triton's do_bench median (L2
+    flushed, CUDA events; see docs/design.md, "Benchmarks")."""
     if device.type == "cuda":
         from triton.testing import do_bench
 

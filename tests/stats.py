@@ -1,4 +1,4 @@
-"""Chi-square goodness of fit with a stated false-alarm rate (DESIGN §6).
+"""Chi-square goodness of fit with a stated false-alarm rate (docs/design.md, "Tests").
 
 Bins whose expected count is below 5 are merged into one tail bin (and a tail still below 5 is
 merged into the smallest remaining bin), so the chi-square approximation holds. The threshold is

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
 import pytest
+import tokenizers
+import torch
+from tokenizers.processors import TemplateProcessing
 
 from verispec.cli import build_parser, main
+from verispec.engine import llm as llm_module
 
 from .tiny import tiny_checkpoint
 
@@ -51,3 +61,131 @@ def test_help_explains_the_options() -> None:
     parser = build_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--help"])
+
+
+# Bad input of every kind reaches the user as one line and exit code 2, never a traceback.
+
+def _error_line(capsys) -> str:
+    """The one error line on stderr (after the progress line, if the model began loading)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line and line != "loading model ..."]
+    assert len(lines) == 1 and lines[0].startswith("verispec: error: "), err
+    return lines[0]
+
+
+def _copy(checkpoint: str, target: Path, **config_changes) -> str:
+    shutil.copytree(checkpoint, target)
+    config = json.loads((target / "config.json").read_text())
+    config.update(config_changes)
+    for key in [k for k, v in config_changes.items() if v is None]:
+        del config[key]
+    (target / "config.json").write_text(json.dumps(config))
+    return str(target)
+
+
+def _run(model: str, *options: str) -> int:
+    return main(["generate", "--model", model, "--no-chat", "--max-tokens", "2", *options, "t1 t2"])
+
+
+def test_unavailable_device_is_one_line(checkpoint, capsys) -> None:
+    device = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    assert _run(checkpoint, "--device", device) == 2
+    line = _error_line(capsys)
+    assert f"device={device!r} is unavailable" in line
+
+
+@pytest.mark.parametrize("threads", ["-1", "0"])
+def test_bad_thread_count_is_one_line(checkpoint, capsys, threads) -> None:
+    assert _run(checkpoint, "--threads", threads) == 2
+    assert f"--threads={threads} is invalid: expected an integer >= 1" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("changes,expected", [
+    ({"hidden_size": None}, "config.json lacks 'hidden_size'"),
+    ({"num_hidden_layers": -3}, "invalid config.json: ModelConfig.num_layers=-3"),
+    ({"vocab_size": "16"}, "invalid config.json: ModelConfig.vocab_size='16'"),
+    ({"num_attention_heads": 0}, "invalid config.json: ModelConfig.num_heads=0"),
+    ({"num_hidden_layers": 10**12}, "does not match its config: weights is missing 'model.layers.2.input_layernorm.weight'"),
+    ({"hidden_size": 10**9}, r"does not match its config: weights\['model.embed_tokens.weight'\] has shape "
+                             r"\(16, 32\), expected \(16, 1000000000\)"),
+    ({"intermediate_size": 10**12}, r"mlp.gate_proj.weight'\] has shape \(64, 32\), expected \(1000000000000, 32\)"),
+])
+def test_bad_config_is_one_line_naming_the_key(checkpoint, capsys, tmp_path, changes, expected) -> None:
+    model = _copy(checkpoint, tmp_path / "model", **changes)
+    assert _run(model) == 2
+    line = _error_line(capsys)
+    assert f"model={model!r}" in line and re.search(expected, line), line
+
+
+def test_config_that_is_not_json_is_one_line(checkpoint, capsys, tmp_path) -> None:
+    model = _copy(checkpoint, tmp_path / "model")
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "llama",')
+    assert _run(model) == 2
+    assert "config.json' is not valid UTF-8 JSON" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled header"])
+def test_corrupt_safetensors_is_one_line(checkpoint, capsys, tmp_path, damage) -> None:
+    model = _copy(checkpoint, tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100] if damage == "truncated" else data[:8] + b"{oops" + data[13:])
+    assert _run(model) == 2
+    assert f"{str(weights)!r} is not a valid safetensors file" in _error_line(capsys)
+
+
+def test_chat_template_error_is_one_line(checkpoint, capsys, tmp_path) -> None:
+    model = _copy(checkpoint, tmp_path / "model")
+    config_path = tmp_path / "model" / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = "{{ raise_exception('Only user and assistant roles are supported') }}"
+    config_path.write_text(json.dumps(config))
+    assert main(["generate", "--model", model, "--chat", "t1"]) == 2
+    assert "the chat template failed: TemplateError: Only user and assistant" in _error_line(capsys)
+
+
+def _gguf_with_array(path: Path, count: int) -> None:
+    """A GGUF header whose one metadata array claims `count` uint32 items but holds two."""
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text)) + text.encode()
+    uint32, array = 4, 9  # GGUF value types
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("tokenizer.ggml.token_type")
+                     + struct.pack("<IIQ", array, uint32, count) + struct.pack("<II", 1, 1))
+
+
+def test_gguf_with_an_absurd_array_length_is_one_line(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "crafted.gguf"
+    _gguf_with_array(path, 2**62)
+    assert _run(str(path)) == 2
+    line = _error_line(capsys)
+    assert f"model={str(path)!r} is not a valid GGUF file" in line and str(2**62) in line
+
+
+def test_failed_generation_prints_its_reason_and_exits_1(checkpoint, capsys, monkeypatch) -> None:
+    # One KV-cache block of 16 tokens: a 40-token prompt can never be scheduled.
+    monkeypatch.setattr(llm_module, "kv_blocks_for", lambda model, memory_gib, block_size: 1)
+    assert main(["generate", "--model", checkpoint, "--no-chat", "--draft", "none", " ".join(["t1"] * 40)]) == 1
+    err = capsys.readouterr().err
+    assert "verispec: generation failed: the request needs more KV-cache blocks than exist" in err
+    assert "tok/s" not in err
+
+
+def test_chat_prompt_gets_the_template_bos_only(checkpoint, capsys, tmp_path, monkeypatch) -> None:
+    model = _copy(checkpoint, tmp_path / "model")
+    directory = tmp_path / "model"
+    backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    backend.post_processor = TemplateProcessing(single="t1 $A", special_tokens=[("t1", 1)])  # adds BOS t1
+    backend.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "t1", "chat_template": "{{ bos_token }} {% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+    prompts = []
+    stream = llm_module.LLM.stream
+
+    def spy(self, prompt, params=None):
+        prompts.append(prompt)
+        return stream(self, prompt, params)
+
+    monkeypatch.setattr(llm_module.LLM, "stream", spy)
+    assert main(["generate", "--model", model, "--chat", "--max-tokens", "2", "t5 t6"]) == 0
+    assert prompts == [[1, 5, 6]]

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> tuple[RequestOutput | None, float]:
+def stream_to_stdout(llm: LLM, prompt: str | list[int],
+                     params: SamplingParams) -> tuple[RequestOutput | None, float]:
     """Prints a request's text as it is generated; returns (final RequestOutput or None, seconds)."""
     start = time.perf_counter()
     last = None
@@ -81,7 +82,9 @@ def generate(args: argparse.Namespace) -> int:
 
     from .engine.llm import LLM
 
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads} is invalid: expected an integer >= 1")
         torch.set_num_threads(args.threads)
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -91,12 +94,16 @@ def generate(args: argparse.Namespace) -> int:
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
               dtype=args.dtype, device=args.device)
-    prompt = args.prompt
+    prompt: str | list[int] = args.prompt
     if args.chat:
-        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        prompt = llm.tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS
     last, elapsed = stream_to_stdout(llm, prompt, params)
     print()
     if last is None:
+        return 1
+    if last.finish_reason == "error":
+        print(f"verispec: generation failed: {last.error}", file=sys.stderr)
         return 1
     stats = last.stats
     tokens = len(last.token_ids)
@@ -109,14 +116,20 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What bad input (arguments, model files, chat templates) and a machine too small for the model
+# raise; anything else is a bug in verispec and keeps its traceback.
+_USER_ERRORS = (ValueError, TypeError, OSError, MemoryError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
     try:
         return generate(args)
-    except ValueError as err:
-        print(f"verispec: error: {err}", file=sys.stderr)
+    except (*_USER_ERRORS, torch.OutOfMemoryError) as err:
+        print(f"verispec: error: {str(err) or type(err).__name__}", file=sys.stderr)
         return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,8 @@
 """Per-request sampling parameters, validated on construction.
 
 The sampling pipeline they drive is, in this order (identical for draft and target):
-CFG combine -> temperature -> top-k -> top-p -> min-p. ``temperature == 0`` means greedy.
+CFG combine -> temperature -> top-k -> top-p -> min-p. ``temperature == 0`` means greedy, and so
+does any temperature below GREEDY_TEMPERATURE (see SamplingParams).
 
 Filter semantics (chosen so that a threshold search on a GPU gives the same set as a sort):
 - top-k keeps every token whose logit is >= the k-th largest logit (ties at the boundary stay);
@@ -15,17 +16,33 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# Temperatures below this sample as greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
+# them overflows to inf, or the temperature itself underflows to 0 in float32 (1e-40, 1e-50).
+GREEDY_TEMPERATURE = 1e-5
+# float32's largest finite value: a larger temperature becomes inf on the device.
+MAX_TEMPERATURE = 3.4028234663852886e38
+
 
 def _check_number(name: str, value: object, expected: str, ok: bool) -> None:
     if not ok:
         raise ValueError(f"{name}={value!r} is invalid: expected {expected}")
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_ids(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and all(_is_int(i) and i >= 0 for i in value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request turns logits into tokens, and when it stops.
 
-    temperature: 0 for greedy, otherwise > 0 (the logits are divided by it).
+    temperature: 0 for greedy, otherwise > 0 (the logits are divided by it), at most float32's
+        largest value. Below GREEDY_TEMPERATURE (1e-5) sampling is greedy, as in vLLM: such
+        temperatures are stored as 0, since in float32 they overflow the logits or underflow.
     top_k: keep the k most likely tokens; None (or 0 / -1, as in other libraries) disables it.
     top_p: nucleus mass in (0, 1]; 1 disables it.
     min_p: in [0, 1]; 0 disables it.
@@ -35,8 +52,9 @@ class SamplingParams:
     negative_prompt: text or token ids for the unconditional branch of CFG (None: the prompt's
         last token).
     max_tokens: the most tokens to generate.
-    stop: strings that end generation (not included in the output text).
-    stop_token_ids: token ids that end generation (in addition to EOS unless ignore_eos).
+    stop: a string or a list of strings that end generation (not included in the output text).
+    stop_token_ids: a list of token ids that end generation (in addition to EOS unless
+        ignore_eos).
     ignore_eos: keep generating past the end-of-sequence token.
     """
 
@@ -55,9 +73,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         t = self.temperature
         _check_number(
-            "temperature", t, "a finite number >= 0 (0 means greedy)",
-            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0,
+            "temperature", t, f"a number in [0, {MAX_TEMPERATURE:.7g}] (float32's largest; 0 means greedy)",
+            isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= MAX_TEMPERATURE,
         )
+        if t < GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
         k = self.top_k
         _check_number(
             "top_k", k, "None, 0 or -1 (disabled), or an integer >= 1",
@@ -88,27 +108,25 @@ class SamplingParams:
         n = self.negative_prompt
         _check_number(
             "negative_prompt", n, "None, a string, or a non-empty list of token ids >= 0",
-            n is None or isinstance(n, str)
-            or (isinstance(n, (list, tuple)) and len(n) > 0
-                and all(isinstance(i, int) and i >= 0 for i in n)),
+            n is None or isinstance(n, str) or (_is_token_ids(n) and len(n) > 0),
         )
         mt = self.max_tokens
         _check_number(
             "max_tokens", mt, "an integer >= 1",
             isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1,
         )
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         _check_number(
-            "stop", self.stop, "a string or a list of non-empty strings",
-            all(isinstance(x, str) and x for x in stop),
+            "stop", self.stop, "a non-empty string or a list of them",
+            isinstance(stop, (list, tuple)) and all(isinstance(x, str) and x for x in stop),
         )
-        object.__setattr__(self, "stop", stop)
-        ids = tuple(self.stop_token_ids)
+        object.__setattr__(self, "stop", tuple(stop))
         _check_number(
-            "stop_token_ids", self.stop_token_ids, "a list of token ids >= 0",
-            all(isinstance(i, int) and i >= 0 for i in ids),
+            "stop_token_ids", self.stop_token_ids, "a list of token ids (integers >= 0)",
+            _is_token_ids(self.stop_token_ids),
         )
-        object.__setattr__(self, "stop_token_ids", ids)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check_number("ignore_eos", self.ignore_eos, "a bool", isinstance(self.ignore_eos, bool))
         if isinstance(n, list):
             object.__setattr__(self, "negative_prompt", tuple(n))
 

@@ -112,7 +112,7 @@ def test_gguf_loads_like_hf_and_is_cached(tiny_gguf, tmp_path, monkeypatch) -> N
     # The second load reads the cached checkpoint directory, not the GGUF file.
     (entry,) = (tmp_path / "cache").iterdir()
     assert entry == converted_checkpoint_dir(str(path))
-    monkeypatch.setattr(gguf_file, "GGUFReader", None)
+    monkeypatch.setattr(gguf_file, "_BoundedReader", None)
     again, _ = load_model(path, progress=False)
     torch.testing.assert_close(_all_logits(again, ids), expected, atol=2e-5, rtol=1e-5)
 
@@ -187,3 +187,35 @@ def test_missing_tensor_is_named(tiny_checkpoint, tmp_path) -> None:
     save_file(weights, str(edited / "model.safetensors"))
     with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight"):
         load_model(edited, progress=False)
+
+
+def test_truncated_gguf_is_named(tiny_gguf, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    _, path = tiny_gguf
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(path.read_bytes()[:-5000])
+    with pytest.raises(ValueError, match=f"model='{truncated}' is not a valid GGUF file"):
+        load_model(truncated, progress=False)
+
+
+def test_gguf_metadata_of_the_wrong_type_is_named(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "typed.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("llama.embedding_length", "64")
+    writer.add_token_list(tiny_vocab()[0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="has GGUF metadata llama.embedding_length='64': expected int"):
+        load_model(path, progress=False)
+
+
+def test_device_without_cuda_is_named(tiny_checkpoint, monkeypatch) -> None:
+    _, directory = tiny_checkpoint
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='cuda' is unavailable"):
+        load_model(directory, device="cuda", progress=False)
+    with pytest.raises(ValueError, match="device='meta' is not supported"):
+        load_model(directory, device="meta", progress=False)

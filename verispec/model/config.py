@@ -7,6 +7,7 @@ no biases, no sliding window; the loaders reject checkpoints that need any of th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -74,3 +75,24 @@ class ModelConfig:
         _require("eos_token_ids", self.eos_token_ids, f"a tuple of {in_vocab}",
                  isinstance(self.eos_token_ids, tuple)
                  and all(_is_int(t) and 0 <= t < self.vocab_size for t in self.eos_token_ids))
+
+    def weight_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """(Hugging Face name, shape) of every tensor a checkpoint must hold, layer by layer;
+        lazily, so that checking a config with an absurd num_layers stops at the first gap."""
+        hidden, inter = self.hidden_size, self.intermediate_size
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        yield "model.embed_tokens.weight", (self.vocab_size, hidden)
+        yield "model.norm.weight", (hidden,)
+        if not self.tie_word_embeddings:
+            yield "lm_head.weight", (self.vocab_size, hidden)
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            yield p + "input_layernorm.weight", (hidden,)
+            yield p + "post_attention_layernorm.weight", (hidden,)
+            yield p + "self_attn.q_proj.weight", (q_width, hidden)
+            yield p + "self_attn.k_proj.weight", (kv_width, hidden)
+            yield p + "self_attn.v_proj.weight", (kv_width, hidden)
+            yield p + "self_attn.o_proj.weight", (hidden, q_width)
+            yield p + "mlp.gate_proj.weight", (inter, hidden)
+            yield p + "mlp.up_proj.weight", (inter, hidden)
+            yield p + "mlp.down_proj.weight", (hidden, inter)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 from tqdm import tqdm
 
@@ -51,17 +52,54 @@ class GGUFCheckpoint:
     weights: dict[str, torch.Tensor]
 
 
+class _BoundedReader(GGUFReader):
+    """GGUFReader that refuses a metadata array longer than the rest of the file can hold.
+
+    The reader walks an array item by item, and reading past the end of the file yields empty
+    items instead of failing, so a crafted length (2**62) would loop for ever."""
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list, list, list]:
+        if raw_type == GGUFValueType.ARRAY:
+            item_type = GGUFValueType(int(self._get(orig_offs, np.uint32)[0]))
+            length = int(self._get(orig_offs + 4, np.uint64)[0])
+            scalar = self.gguf_scalar_to_np.get(item_type)
+            # The fewest bytes one item can take: a scalar's width, a string's or array's header.
+            item_bytes = (np.dtype(scalar).itemsize if scalar is not None
+                          else 8 if item_type == GGUFValueType.STRING else 12)
+            left = len(self.data) - orig_offs - 12
+            if length * item_bytes > left:
+                raise ValueError(f"a metadata array at byte {orig_offs} claims {length} "
+                                 f"{item_type.name} items, more than the {left} bytes left hold")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+
+def _open(path: Path) -> GGUFReader:
+    try:
+        return _BoundedReader(str(path))
+    # What the reader raises on a malformed file: bad magic, version or type codes (ValueError),
+    # reads past the end (IndexError), duplicate keys (KeyError), absurd sizes (OverflowError).
+    except (ValueError, IndexError, KeyError, OverflowError) as error:
+        raise ValueError(f"model={str(path)!r} is not a valid GGUF file: {error}") from None
+
+
 class _Metadata:
     def __init__(self, reader: GGUFReader, path: Path) -> None:
         self.reader, self.path = reader, path
 
-    def get(self, key: str, default: object = _MISSING) -> object:
+    def get(self, key: str, kind: type | tuple[type, ...], default: object = _MISSING) -> Any:
+        """The value of `key`, which must be an instance of `kind` (bool is no int here)."""
         field = self.reader.fields.get(key)
         if field is None:
             if default is _MISSING:
                 raise ValueError(f"model={str(self.path)!r} lacks GGUF metadata key {key!r}")
             return default
-        return field.contents()
+        value = field.contents()
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise ValueError(f"model={str(self.path)!r} has GGUF metadata {key}={value!r}: "
+                             f"expected {expected}")
+        return value
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -80,60 +118,84 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:  # [heads * head_d
 
 
 def _read_config(meta: _Metadata, tensor_names: set[str], vocab_size: int) -> ModelConfig:
-    arch = meta.get("general.architecture")
+    arch = meta.get("general.architecture", str)
     if arch != "llama":
         raise ValueError(f"model={str(meta.path)!r} is not supported: general.architecture="
                          f"{arch!r}, expected 'llama'")
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    scaling = meta.get(f"{arch}.rope.scaling.type", str, "none")
     if scaling != "none" or "rope_freqs.weight" in tensor_names:
         raise ValueError(f"model={str(meta.path)!r} is not supported: it uses rope scaling "
                          f"({scaling!r}); only plain Llama RoPE is implemented")
-    hidden = int(meta.get(f"{arch}.embedding_length"))
-    heads = int(meta.get(f"{arch}.attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    rotary_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    hidden = meta.get(f"{arch}.embedding_length", int)
+    heads = meta.get(f"{arch}.attention.head_count", int)
+    head_dim = meta.get(f"{arch}.attention.key_length", int, hidden // heads if heads > 0 else 0)
+    rotary_dim = meta.get(f"{arch}.rope.dimension_count", int, head_dim)
     if rotary_dim != head_dim:
         raise ValueError(f"model={str(meta.path)!r} is not supported: rope.dimension_count="
                          f"{rotary_dim}, expected head_dim={head_dim} (partial rotary)")
-    eos = [int(meta.get(f"tokenizer.ggml.{key}_token_id", -1)) for key in ("eos", "eot", "eom")]
-    bos = meta.get("tokenizer.ggml.bos_token_id", None)
-    return ModelConfig(
-        vocab_size=int(meta.get(f"{arch}.vocab_size", vocab_size)),
-        hidden_size=hidden,
-        intermediate_size=int(meta.get(f"{arch}.feed_forward_length")),
-        num_layers=int(meta.get(f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=tuple(dict.fromkeys(t for t in eos if t >= 0)),
-    )
+    eos = [meta.get(f"tokenizer.ggml.{key}_token_id", int, -1) for key in ("eos", "eot", "eom")]
+    try:
+        return ModelConfig(
+            vocab_size=meta.get(f"{arch}.vocab_size", int, vocab_size),
+            hidden_size=hidden,
+            intermediate_size=meta.get(f"{arch}.feed_forward_length", int),
+            num_layers=meta.get(f"{arch}.block_count", int),
+            num_heads=heads,
+            num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", int, heads),
+            head_dim=head_dim,
+            rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", (int, float)),
+            rope_theta=meta.get(f"{arch}.rope.freq_base", (int, float), 10000.0),
+            max_position_embeddings=meta.get(f"{arch}.context_length", int, 2048),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
+            eos_token_ids=tuple(dict.fromkeys(t for t in eos if t >= 0)),
+        )
+    except ValueError as error:
+        raise ValueError(f"model={str(meta.path)!r} has invalid GGUF metadata: {error}") from None
 
 
 def _read_tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
-    backend = build_bpe_tokenizer(
-        model=meta.get("tokenizer.ggml.model"),
-        pre=meta.get("tokenizer.ggml.pre", "default"),
-        tokens=meta.get("tokenizer.ggml.tokens"),
-        token_types=meta.get("tokenizer.ggml.token_type"),
-        merges=meta.get("tokenizer.ggml.merges"),
-        bos_token_id=config.bos_token_id,
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-    )
+    tokens = meta.get("tokenizer.ggml.tokens", list)
+    token_types = meta.get("tokenizer.ggml.token_type", list)
+    if len(token_types) != len(tokens):
+        raise ValueError(f"model={str(meta.path)!r} has {len(token_types)} GGUF token types "
+                         f"for {len(tokens)} tokens: expected one per token")
+    try:
+        backend = build_bpe_tokenizer(
+            model=meta.get("tokenizer.ggml.model", str),
+            pre=meta.get("tokenizer.ggml.pre", str, "default"),
+            tokens=tokens,
+            token_types=token_types,
+            merges=meta.get("tokenizer.ggml.merges", list),
+            bos_token_id=config.bos_token_id,
+            add_bos=meta.get("tokenizer.ggml.add_bos_token", bool, False),
+        )
+    # tokenizers reports a malformed vocabulary (a merge of unknown tokens, ...) as a plain
+    # Exception; nothing else runs inside this call.
+    except Exception as error:
+        raise ValueError(f"model={str(meta.path)!r} has an unusable GGUF vocabulary: "
+                         f"{error}") from None
     eos = config.eos_token_ids[0] if config.eos_token_ids else None
-    return Tokenizer(backend, config.bos_token_id, eos, meta.get("tokenizer.chat_template", None))
+    return Tokenizer(backend, config.bos_token_id, eos,
+                     meta.get("tokenizer.chat_template", str, None))
+
+
+def _convert_tensor(tensor: ReaderTensor, config: ModelConfig) -> np.ndarray:
+    # Unquantized tensors come back as read-only views of the memory-mapped file.
+    array = np.require(dequantize(tensor.data, tensor.tensor_type), np.float32, ["C", "W"])
+    if tensor.name.endswith("attn_q.weight"):
+        array = _unpermute(array, config.num_heads)
+    elif tensor.name.endswith("attn_k.weight"):
+        array = _unpermute(array, config.num_kv_heads)
+    return np.ascontiguousarray(array)
 
 
 def read_gguf(path: Path, progress: bool) -> GGUFCheckpoint:
     """Parse and dequantize a GGUF file (seconds for a 135M model)."""
-    reader = GGUFReader(str(path))
+    reader = _open(path)
     meta = _Metadata(reader, path)
     tensor_names = {t.name for t in reader.tensors}
-    config = _read_config(meta, tensor_names, len(meta.get("tokenizer.ggml.tokens")))
+    config = _read_config(meta, tensor_names, len(meta.get("tokenizer.ggml.tokens", list)))
     weights: dict[str, torch.Tensor] = {}
     for tensor in tqdm(reader.tensors, desc=f"Dequantizing {path.name}", unit="tensor",
                        disable=not progress):
@@ -141,11 +203,12 @@ def read_gguf(path: Path, progress: bool) -> GGUFCheckpoint:
         if name is None:
             raise ValueError(f"model={str(path)!r} has tensor {tensor.name!r}, which a Llama "
                              f"model does not use")
-        # Unquantized tensors come back as read-only views of the memory-mapped file.
-        array = np.require(dequantize(tensor.data, tensor.tensor_type), np.float32, ["C", "W"])
-        if name.endswith("q_proj.weight"):
-            array = _unpermute(array, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            array = _unpermute(array, config.num_kv_heads)
-        weights[name] = torch.from_numpy(np.ascontiguousarray(array))
+        try:
+            weights[name] = torch.from_numpy(_convert_tensor(tensor, config))
+        # dequantize raises NotImplementedError for quantization types it lacks, and numpy a
+        # ValueError when the q/k rows do not split into the config's heads.
+        except (NotImplementedError, ValueError) as error:
+            raise ValueError(f"model={str(path)!r} has tensor {tensor.name!r} "
+                             f"({tensor.tensor_type.name}, shape {tensor.shape.tolist()}) that "
+                             f"cannot be read: {error}") from None
     return GGUFCheckpoint(config, _read_tokenizer(meta, config), weights)

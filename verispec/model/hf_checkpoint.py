@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from verispec.model.config import ModelConfig
@@ -24,27 +25,56 @@ def _unsupported(directory: Path, what: str, value: object, expected: str) -> Va
                       f"{what}={value!r}, expected {expected}")
 
 
-def _as_ids(value: object) -> list[int]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint file; ValueError naming the file when it is not one."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError both are
+        raise ValueError(f"{str(path)!r} is not valid UTF-8 JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(raw).__name__}: expected an object")
+    return raw
+
+
+def _as_ids(value: object) -> list[object]:
+    # One id or a list of them; ModelConfig checks that they are ids.
     if value is None:
         return []
-    return [value] if isinstance(value, int) else [int(v) for v in value]
+    return list(value) if isinstance(value, list) else [value]
 
 
-def _rope(raw: dict[str, Any], directory: Path) -> float:
+def _rope_theta(raw: dict[str, Any], directory: Path) -> object:
     # transformers < 5 writes rope_theta + rope_scaling; 5.x writes rope_parameters.
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or params
+    if not isinstance(scaling, dict):
+        raise _unsupported(directory, "rope_scaling", scaling, "an object or null")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type != "default":
         raise _unsupported(directory, "rope type", rope_type, "'default' (plain Llama RoPE)")
-    return float(raw.get("rope_theta", params.get("rope_theta", 10000.0)))
+    return raw.get("rope_theta", params.get("rope_theta", 10000.0))
+
+
+def _required(raw: dict[str, Any], key: str, directory: Path) -> object:
+    if raw.get(key) is None:
+        raise ValueError(f"model={str(directory)!r} is invalid: config.json lacks {key!r}")
+    return raw[key]
+
+
+def _default_head_dim(hidden: object, heads: object) -> int | None:
+    # None when either is not a positive int: ModelConfig then names that one, checked first.
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (hidden, heads))
+    return hidden // heads if ok else None
 
 
 def read_config(directory: Path) -> ModelConfig:
-    """ModelConfig from config.json (+ generation_config.json for the stop tokens)."""
-    raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    """ModelConfig from config.json (+ generation_config.json for the stop tokens).
+
+    Every problem (a missing key, a value of the wrong type or size) is a ValueError naming the
+    directory and the key."""
+    raw = read_json(directory / "config.json")
     architectures = raw.get("architectures") or []
-    if raw.get("model_type") != "llama" and not set(architectures) & set(_ARCHITECTURES):
+    if raw.get("model_type") != "llama" and not set(map(str, architectures)) & set(_ARCHITECTURES):
         raise _unsupported(directory, "model_type", raw.get("model_type"), "'llama'")
     for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
         if raw.get(key, ok) != ok:
@@ -52,24 +82,28 @@ def read_config(directory: Path) -> ModelConfig:
     eos = _as_ids(raw.get("eos_token_id"))
     generation_path = directory / "generation_config.json"
     if generation_path.is_file():
-        generation = json.loads(generation_path.read_text(encoding="utf-8"))
+        generation = read_json(generation_path)
         eos += [t for t in _as_ids(generation.get("eos_token_id")) if t not in eos]
-    heads = raw["num_attention_heads"]
-    return ModelConfig(
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_layers=raw["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope(raw, directory),
-        max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=tuple(eos),
-    )
+    hidden = _required(raw, "hidden_size", directory)
+    heads = _required(raw, "num_attention_heads", directory)
+    try:
+        return ModelConfig(
+            vocab_size=_required(raw, "vocab_size", directory),
+            hidden_size=hidden,
+            intermediate_size=_required(raw, "intermediate_size", directory),
+            num_layers=_required(raw, "num_hidden_layers", directory),
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or _default_head_dim(hidden, heads),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(raw, directory),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=raw.get("tie_word_embeddings") or False,
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(eos),
+        )
+    except ValueError as error:
+        raise ValueError(f"model={str(directory)!r} has an invalid config.json: {error}") from None
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -79,7 +113,10 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"model={str(directory)!r} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for path in files:
-        weights.update(load_file(str(path)))
+        try:
+            weights.update(load_file(str(path)))
+        except SafetensorError as error:
+            raise ValueError(f"{str(path)!r} is not a valid safetensors file: {error}") from None
     return weights
 
 

