@@ -80,30 +80,31 @@ class LogitAdjustments:
     ) -> "LogitAdjustments | None":
         """None when no request adjusts its logits (the fast path). Missing token lists count as
         empty histories."""
-        if not any(p.adjusts_logits for p in params):
+        memo: dict[int, tuple] = {}
+
+        def summary(p: SamplingParams) -> tuple:  # a SamplingParams shared by many requests is read once
+            if id(p) not in memo:
+                memo[id(p)] = (p.adjusts_logits, float(p.repetition_penalty), float(p.frequency_penalty),
+                               float(p.presence_penalty), p.allowed_token_ids is not None, p.uses_cfg)
+            return memo[id(p)]
+
+        adjusts, rep, freq, pres, restricted, guided = zip(*[summary(p) for p in params])
+        if not any(adjusts):
             return None
         n = len(params)
         for name, lists in (("prompt_token_ids", prompt_token_ids), ("output_token_ids", output_token_ids)):
             if lists is not None and len(lists) != n:
                 raise ValueError(f"{name} has {len(lists)} entries: expected {n}, one per request")
-        # One pass over the requests; each column becomes one host-to-device copy.
-        cols: dict[str, list] = {name: [] for name in (
-            "adjusts", "rep", "freq", "pres", "out_b", "out_t", "prompt_b", "prompt_t",
-            "bias_b", "bias_t", "bias_v", "allowed_b", "allowed_t", "restricted", "banned_b", "banned_t")}
-        guided_unadjusted = False
-        for b, p in enumerate(params):
-            adjusts = p.adjusts_logits
-            guided_unadjusted |= p.uses_cfg and not adjusts
-            cols["adjusts"].append(adjusts)
-            cols["rep"].append(float(p.repetition_penalty))
-            cols["freq"].append(float(p.frequency_penalty))
-            cols["pres"].append(float(p.presence_penalty))
-            cols["restricted"].append(p.allowed_token_ids is not None)
-            if not adjusts:
-                continue
-            if output_token_ids is not None and p.uses_penalties:
+        # Each column becomes one host-to-device copy.
+        cols: dict[str, list] = {"adjusts": adjusts, "rep": rep, "freq": freq, "pres": pres, "restricted": restricted}
+        cols.update({name: [] for name in (
+            "out_b", "out_t", "prompt_b", "prompt_t", "bias_b", "bias_t", "bias_v", "allowed_b", "allowed_t",
+            "banned_b", "banned_t")})
+        for b in (b for b in range(n) if adjusts[b]):
+            p = params[b]
+            if output_token_ids is not None and (rep[b] != 1 or freq[b] != 0 or pres[b] != 0):
                 _extend(cols["out_b"], cols["out_t"], b, output_token_ids[b])
-            if prompt_token_ids is not None and p.repetition_penalty != 1:
+            if prompt_token_ids is not None and rep[b] != 1:
                 _extend(cols["prompt_b"], cols["prompt_t"], b, prompt_token_ids[b])
             if p.logit_bias:
                 _extend(cols["bias_b"], cols["bias_t"], b, p.logit_bias)
@@ -131,12 +132,12 @@ class LogitAdjustments:
             allowed=pairs("allowed"),
             restricted=tensor("restricted", torch.bool),
             banned=pairs("banned"),
-            any_repetition=any(r != 1 for r in cols["rep"]),
-            any_count_penalty=any(cols["freq"]) or any(cols["pres"]),
+            any_repetition=any(r != 1 for r in rep),
+            any_count_penalty=any(freq) or any(pres),
             any_bias=bool(cols["bias_v"]),
-            any_allowed=any(cols["restricted"]),
+            any_allowed=any(restricted),
             any_banned=bool(cols["banned_t"]),
-            guided_unadjusted=guided_unadjusted,
+            guided_unadjusted=any(g and not a for g, a in zip(guided, adjusts)),
         )
 
 
