@@ -85,13 +85,14 @@ def _batch(seed: int):
 
 
 def _verify(batch: dict, draft, **kw):
-    n = len(batch["ks"])
+    """rejection_sample on the batch, on the device of its tensors."""
+    n, device = len(batch["ks"]), batch["target"].device
     sampling = SamplingMetadata.from_params(
-        batch["params"], seeds=list(range(100, 100 + n)), steps=[3] * n,
+        batch["params"], seeds=list(range(100, 100 + n)), steps=[3] * n, device=device,
         prompt_token_ids=batch["prompts"], output_token_ids=batch["outputs"],
     )
-    ids = torch.tensor([t for d in batch["drafts"] for t in d], dtype=torch.long)
-    cu = torch.tensor([0] + batch["ks"]).cumsum(0)
+    ids = torch.tensor([t for d in batch["drafts"] for t in d], dtype=torch.long, device=device)
+    cu = torch.tensor([0] + batch["ks"], device=device).cumsum(0)
     return rejection_sample(batch["target"], ids, cu, sampling, draft=draft, uncond_logits=batch["uncond"], **kw)
 
 
