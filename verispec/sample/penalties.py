@@ -23,9 +23,9 @@ from ..sampling_params import SamplingParams
 
 
 class TokenPairs(NamedTuple):
-    """(index, token id) pairs: `index` is a request or a row, depending on the user."""
+    """(request, token id) pairs: a list of token ids per request, flattened."""
 
-    index: torch.Tensor  # [P] int64
+    index: torch.Tensor  # [P] int64, the request
     token_ids: torch.Tensor  # [P] int64
 
 
