@@ -149,7 +149,9 @@ def test_no_adjustment_is_the_fast_path_and_other_rows_are_untouched() -> None:
     assert SamplingMetadata.from_params([SamplingParams(logit_bias={})]).adjustments is None
     batch = _batch(1)
     n = len(batch["ks"])
-    sampling = SamplingMetadata.from_params(batch["params"], output_token_ids=batch["outputs"], prompt_token_ids=batch["prompts"])
+    sampling = SamplingMetadata.from_params(
+        batch["params"], output_token_ids=batch["outputs"], prompt_token_ids=batch["prompts"]
+    )
     ids = torch.tensor([t for d in batch["drafts"] for t in d])
     cu = torch.tensor([0] + batch["ks"]).cumsum(0)
     target, draft, after = adjust_rows(
