@@ -1,8 +1,19 @@
 """Per-request sampling parameters, validated on construction.
 
 The sampling pipeline they drive is, in this order (identical for draft and target):
-CFG combine -> temperature -> top-k -> top-p -> min-p. ``temperature == 0`` means greedy, and so
-does any temperature below GREEDY_TEMPERATURE (see SamplingParams).
+CFG combine -> repetition penalty -> frequency / presence penalties -> logit bias ->
+allowed / banned tokens -> temperature -> top-k -> top-p -> min-p. ``temperature == 0`` (or any
+temperature below GREEDY_TEMPERATURE) means greedy: the stages up to the allowed / banned mask
+still apply (they move the argmax), the rest do not.
+
+History-based penalties (semantics of OpenAI and vLLM / Hugging Face):
+- a request's *history* at a position is its output so far, followed, under speculation, by the
+  draft tokens before that position: each verified position is penalised exactly as if the
+  tokens before it had been sampled one at a time;
+- repetition_penalty: every token in the prompt or the history has its logit divided by the
+  penalty when positive, multiplied by it otherwise;
+- frequency_penalty and presence_penalty: logit -= frequency_penalty * count +
+  presence_penalty * (count > 0), count = occurrences in the history (the prompt not included).
 
 Filter semantics (chosen so that a threshold search on a GPU gives the same set as a sort):
 - top-k keeps every token whose logit is >= the k-th largest logit (ties at the boundary stay);
@@ -14,7 +25,9 @@ Filter semantics (chosen so that a threshold search on a GPU gives the same set 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 # Temperatures below this sample as greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
 # them overflows to inf, or the temperature itself underflows to 0 in float32 (1e-40, 1e-50).
@@ -28,12 +41,16 @@ def _check_number(name: str, value: object, expected: str, ok: bool) -> None:
         raise ValueError(f"{name}={value!r} is invalid: expected {expected}")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _is_token_ids(value: object) -> bool:
-    return isinstance(value, (list, tuple)) and all(_is_int(i) and i >= 0 for i in value)
+def _is_token_id(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_id_list(v: object) -> bool:
+    return isinstance(v, (list, tuple)) and all(_is_token_id(t) for t in v)
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,15 @@ class SamplingParams:
     stop_token_ids: a list of token ids that end generation (in addition to EOS unless
         ignore_eos).
     ignore_eos: keep generating past the end-of-sequence token.
+    presence_penalty: in [-2, 2]; subtracted from the logit of every token in the history.
+    frequency_penalty: in [-2, 2]; times each token's count in the history, subtracted.
+    repetition_penalty: > 0, 1 disables it; divides positive (multiplies other) logits of tokens
+        in the prompt or the history.
+    logit_bias: token id -> bias in [-100, 100], added to that token's logit (kept read-only).
+    allowed_token_ids: when given, only these tokens may be emitted (non-empty).
+    banned_token_ids: tokens never emitted; at least one allowed token must remain.
+    Token ids in logit_bias / allowed / banned must be below the vocabulary size, which the
+    engine checks with check_vocab when the request is added.
     """
 
     temperature: float = 1.0
@@ -69,6 +95,12 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    banned_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -108,7 +140,7 @@ class SamplingParams:
         n = self.negative_prompt
         _check_number(
             "negative_prompt", n, "None, a string, or a non-empty list of token ids >= 0",
-            n is None or isinstance(n, str) or (_is_token_ids(n) and len(n) > 0),
+            n is None or isinstance(n, str) or (_is_id_list(n) and len(n) > 0),
         )
         mt = self.max_tokens
         _check_number(
@@ -123,12 +155,74 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(stop))
         _check_number(
             "stop_token_ids", self.stop_token_ids, "a list of token ids (integers >= 0)",
-            _is_token_ids(self.stop_token_ids),
+            _is_id_list(self.stop_token_ids),
         )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         _check_number("ignore_eos", self.ignore_eos, "a bool", isinstance(self.ignore_eos, bool))
         if isinstance(n, list):
             object.__setattr__(self, "negative_prompt", tuple(n))
+        self._check_adjustments()
+
+    def _check_adjustments(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check_number(name, v, "a number in [-2, 2] (0 disables it)", _is_number(v) and -2 <= v <= 2)
+        r = self.repetition_penalty
+        _check_number(
+            "repetition_penalty", r, "a finite number > 0 (1 disables it)",
+            _is_number(r) and math.isfinite(r) and r > 0,
+        )
+        bias = self.logit_bias
+        _check_number(
+            "logit_bias", bias,
+            "None or a mapping of token ids (integers >= 0) to finite biases in [-100, 100]",
+            bias is None or (isinstance(bias, Mapping)
+                             and all(_is_token_id(t) and _is_number(b) and -100 <= b <= 100
+                                     for t, b in bias.items())),
+        )
+        if bias is not None:
+            object.__setattr__(self, "logit_bias", MappingProxyType({t: float(b) for t, b in bias.items()}))
+        allowed = self.allowed_token_ids
+        _check_number(
+            "allowed_token_ids", allowed, "None or a non-empty list of token ids (integers >= 0)",
+            allowed is None or (_is_id_list(allowed) and len(allowed) > 0),
+        )
+        banned = self.banned_token_ids
+        _check_number(
+            "banned_token_ids", banned, "a list of token ids (integers >= 0)", _is_id_list(banned),
+        )
+        object.__setattr__(self, "banned_token_ids", tuple(banned))
+        if allowed is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(allowed))
+            if not set(allowed) - set(banned):
+                raise ValueError(
+                    f"allowed_token_ids={allowed!r} with banned_token_ids={banned!r} is invalid: "
+                    "expected at least one allowed token that is not banned"
+                )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ValueError unless every token id in logit_bias / allowed / banned is < vocab_size."""
+        for name, ids in (
+            ("logit_bias", tuple(self.logit_bias or ())),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("banned_token_ids", self.banned_token_ids),
+        ):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{name} contains token id {bad[0]}: expected ids in [0, {vocab_size}), the vocabulary"
+                )
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether the request's history changes its logits."""
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any stage between CFG and temperature (penalties, bias, masks) is on."""
+        return (self.uses_penalties or bool(self.logit_bias)
+                or self.allowed_token_ids is not None or bool(self.banned_token_ids))
 
     @property
     def greedy(self) -> bool:

@@ -82,6 +82,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params is {type(params).__name__}: expected SamplingParams")
+        params.check_vocab(self.vocab_size)
         text, ids = self._encode("prompt", prompt)
         if len(ids) >= self.config.max_model_len:
             raise ValueError(
@@ -198,7 +199,8 @@ class LLMEngine:
         speculating = [p for p, _ in drafting]
         batch = self.drafter.propose([
             DraftRequest(p.request.request_id, p.request.all_token_ids(), k,
-                         p.request.params, p.request.seed, p.request.step)
+                         p.request.params, p.request.seed, p.request.step,
+                         num_prompt_tokens=len(p.request.prompt_token_ids))
             for p, k in drafting
         ])
         drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
@@ -231,6 +233,8 @@ class LLMEngine:
             steps=[p.request.step for p in sampling],
             seeds=[p.request.seed for p in sampling],
             device=device,
+            prompt_token_ids=[p.request.prompt_token_ids for p in sampling],
+            output_token_ids=[p.request.output_token_ids for p in sampling],
         )
         out = rejection_sample(
             logits[index],

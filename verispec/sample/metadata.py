@@ -3,7 +3,8 @@
 Built once per step on the host from plain Python values (no device reads), then moved to the
 device in one copy per field. The fast-path flags let the sampler skip whole stages (no sort when
 no request uses top-k / top-p, no CFG combine when no request is guided, no random numbers when
-all are greedy) without inspecting tensors.
+all are greedy, no penalty / bias / mask stage when `adjustments` is None) without inspecting
+tensors.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Sequence
 import torch
 
 from ..sampling_params import SamplingParams
+from .penalties import LogitAdjustments
 from .rng import fresh_seed, request_keys
 
 
@@ -28,6 +30,8 @@ class SamplingMetadata:
     guidance_scale: [B] float32, 1 where CFG is off.
     keys: [B] int64, the counter-based random key of each request at this step.
     is_greedy: [B] bool.
+    adjustments: penalties, logit bias and token masks (penalties.py); None when no request
+        uses any, which skips those stages.
     """
 
     temperature: torch.Tensor
@@ -43,6 +47,7 @@ class SamplingMetadata:
     any_top_p: bool
     any_min_p: bool
     any_cfg: bool
+    adjustments: LogitAdjustments | None = None
 
     @property
     def batch_size(self) -> int:
@@ -55,6 +60,8 @@ class SamplingMetadata:
         steps: Sequence[int] | None = None,
         seeds: Sequence[int | None] | None = None,
         device: torch.device | str = "cpu",
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        output_token_ids: Sequence[Sequence[int]] | None = None,
     ) -> "SamplingMetadata":
         """params: one SamplingParams per request.
 
@@ -62,6 +69,9 @@ class SamplingMetadata:
             the request's random numbers, so it must advance between verify steps.
         seeds: overrides params[b].seed (the engine passes each request's resolved seed);
             a request with no seed from either gets a fresh one.
+        prompt_token_ids, output_token_ids: each request's prompt and output so far, read only
+            for requests with penalties (None: empty). The verifier adds each row's preceding
+            draft tokens itself.
         """
         n = len(params)
         if n == 0:
@@ -109,4 +119,5 @@ class SamplingMetadata:
             any_top_p=any(x < 1 for x in top_p),
             any_min_p=any(x > 0 for x in min_p),
             any_cfg=any(x != 1 for x in scale),
+            adjustments=LogitAdjustments.from_params(params, prompt_token_ids, output_token_ids, device),
         )

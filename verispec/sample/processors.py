@@ -1,7 +1,11 @@
 """Logits -> probabilities: the sampling pipeline, batched, native PyTorch.
 
 Order (DESIGN §1.6), identical for draft and target rows:
-CFG combine -> temperature -> top-k -> top-p -> min-p.
+CFG combine -> repetition penalty -> frequency / presence penalties -> logit bias ->
+allowed / banned mask -> temperature -> top-k -> top-p -> min-p.
+The stages up to the mask (guide_and_adjust; penalties.py) change which token is the argmax, so
+greedy rows go through them too; the rest is skipped for greedy rows. Every stage is skipped
+when no request of the batch uses it (the flags of SamplingMetadata).
 
 Everything stays in log space: a *processed* row holds the tempered (and guided) logits with
 filtered tokens set to -inf, so that softmax(processed row) is the request's sampling
@@ -15,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .metadata import SamplingMetadata
+from .penalties import PrecedingTokens, apply_adjustments
 
 
 def cfg_combine(
@@ -105,19 +110,36 @@ def apply_min_p(
     return x.masked_fill(x - row_max < log_ratio, float("-inf"))
 
 
+def guide_and_adjust(
+    logits: torch.Tensor,  # [N, V] raw logits (any float dtype)
+    rows: torch.Tensor,  # [N] int64, the request (index into `sampling`) each row belongs to
+    sampling: SamplingMetadata,
+    uncond_logits: torch.Tensor | None = None,  # [N, V] CFG unconditional rows, or None
+    preceding: PrecedingTokens | None = None,
+) -> torch.Tensor:  # [N, V] float32
+    """The stages up to the allowed / banned mask: CFG combine, penalties (each row's history
+    is its request's output followed by the `preceding` tokens paired with the row), logit
+    bias, mask. The verifier's pre-stage runs exactly this for its adjusted rows."""
+    if uncond_logits is not None and sampling.any_cfg:
+        x = cfg_combine(logits, uncond_logits, sampling.guidance_scale[rows])
+    else:
+        x = logits.float()
+    if sampling.adjustments is not None:
+        x = apply_adjustments(x, rows, sampling.adjustments, preceding)
+    return x
+
+
 def process_logits(
     logits: torch.Tensor,  # [N, V] raw logits (any float dtype)
     rows: torch.Tensor,  # [N] int64, the request (index into `sampling`) each row belongs to
     sampling: SamplingMetadata,
     uncond_logits: torch.Tensor | None = None,  # [N, V] CFG unconditional rows, or None
+    preceding: PrecedingTokens | None = None,
 ) -> torch.Tensor:  # [N, V] float32 processed logits
-    """The whole pipeline for rows of many requests. Greedy rows are guided but not tempered
-    or filtered (their argmax is all that is read). Pass uncond_logits=None for draft rows:
-    drafts are unguided."""
-    if uncond_logits is not None and sampling.any_cfg:
-        x = cfg_combine(logits, uncond_logits, sampling.guidance_scale[rows])
-    else:
-        x = logits.float()
+    """The whole pipeline for rows of many requests. Greedy rows are guided and adjusted but
+    not tempered or filtered (their argmax is all that is read). Pass uncond_logits=None for
+    draft rows: drafts are unguided. `preceding`: see guide_and_adjust."""
+    x = guide_and_adjust(logits, rows, sampling, uncond_logits, preceding)
     if sampling.all_greedy:
         return x
     temperature = sampling.temperature[rows]

@@ -1,7 +1,7 @@
 """The test oracle: slow, per-sequence, float64, written to be read rather than to run fast.
 
 `reference_probs` is the sampling pipeline of one row, step by step as SamplingParams documents
-it. `reference_rejection_sample` walks each request's drafts one at a time with the rules of
+it, penalties applied token by token from the row's history. `reference_rejection_sample` walks each request's drafts one at a time with the rules of
 DESIGN §1, drawing its random numbers from the same counter-based streams as the fast paths, so
 for the same inputs it emits the same tokens (up to float rounding at exact decision
 boundaries).
@@ -21,11 +21,26 @@ def reference_probs(
     logits: torch.Tensor,  # [V]
     params: SamplingParams,
     uncond: torch.Tensor | None = None,  # [V] CFG unconditional row
+    prompt_token_ids: Sequence[int] = (),
+    history: Sequence[int] = (),
 ) -> torch.Tensor:  # [V] float64 sampling distribution (one-hot at the argmax when greedy)
+    """`history`: the tokens before this row's prediction that penalties count (the output so
+    far, then any drafts before the row)."""
     x = logits.double()
     if params.uses_cfg and uncond is not None:
         u = uncond.double()
         x = u + params.guidance_scale * (x - u)
+    for token in set(prompt_token_ids) | set(history):
+        r = params.repetition_penalty
+        x[token] = x[token] / r if x[token] > 0 else x[token] * r
+    for token in set(history):
+        x[token] -= params.frequency_penalty * list(history).count(token) + params.presence_penalty
+    for token, bias in (params.logit_bias or {}).items():
+        x[token] += bias
+    for token in range(x.shape[0]):
+        allowed = params.allowed_token_ids is None or token in params.allowed_token_ids
+        if not allowed or token in params.banned_token_ids:
+            x[token] = float("-inf")
     if params.greedy:
         return torch.nn.functional.one_hot(x.argmax(), x.shape[0]).double()
     x = x / params.temperature
@@ -56,8 +71,11 @@ def reference_rejection_sample(
     steps: Sequence[int] | None = None,
     draft_probs: torch.Tensor | None = None,  # [num_draft_tokens, V], None = one-hot drafter
     uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V]
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    output_token_ids: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
-    """Emitted tokens per request."""
+    """Emitted tokens per request. Row i of a request is penalised with the history
+    output + drafts[:i]."""
     steps = [0] * len(params) if steps is None else steps
     keys = request_keys(torch.tensor(list(seeds)), torch.tensor(list(steps)))
     out: list[list[int]] = []
@@ -67,7 +85,9 @@ def reference_rejection_sample(
         emitted: list[int] = []
         for i in range(len(drafts) + 1):
             uncond = uncond_logits[row + i] if uncond_logits is not None else None
-            p = reference_probs(target_logits[row + i], sp, uncond)
+            prompt = prompt_token_ids[b] if prompt_token_ids is not None else ()
+            output = list(output_token_ids[b]) if output_token_ids is not None else []
+            p = reference_probs(target_logits[row + i], sp, uncond, prompt, output + list(drafts[:i]))
             if i == len(drafts):  # every draft accepted: bonus token from the last row
                 emitted.append(_draw(p, keys[b], i))
                 break

@@ -24,6 +24,7 @@ when used). Which one runs when the caller names none is decided once per device
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from types import ModuleType
@@ -33,7 +34,8 @@ import torch
 
 from . import validation as check
 from .metadata import SamplingMetadata
-from .processors import process_logits
+from .penalties import preceding_drafts
+from .processors import guide_and_adjust, process_logits
 from .rng import ACCEPT, SAMPLE, uniform
 from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs, RejectionOutput
 
@@ -66,6 +68,11 @@ def rejection_sample(
         )
     elif max_num_draft_tokens is None:
         max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max())
+    if sampling.adjustments is not None:
+        target_logits, draft, sampling = adjust_rows(
+            target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
+            max_num_draft_tokens,
+        )
     if _backend(backend, target_logits) == "native":
         verify = _native
     else:
@@ -74,6 +81,46 @@ def rejection_sample(
         target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
         max_num_draft_tokens,
     )
+
+
+def adjust_rows(
+    target_logits: torch.Tensor,  # [N, V]
+    draft_token_ids: torch.Tensor,  # [D]
+    cu_num_draft_tokens: torch.Tensor,  # [B + 1]
+    sampling: SamplingMetadata,
+    draft: Draft,
+    uncond_logits: torch.Tensor | None,  # [N, V]
+    max_k: int,
+) -> tuple[torch.Tensor, Draft, SamplingMetadata]:
+    """The pre-stage for penalties, logit bias and token masks, shared by both backends.
+
+    Rows of requests that adjust their logits leave guided and adjusted (guide_and_adjust),
+    their guidance scale set to 1, and `adjustments` dropped from the metadata: each backend
+    then runs its usual pipeline (CFG for the other requests, temperature, filters) unchanged,
+    the Triton kernels included. Target row j of a request is penalised with the history
+    output + x_1..x_j (the drafts before its prediction); so is the DraftLogits row that
+    proposed x_{j+1}. Rows of other requests are returned as they came (as float32).
+    """
+    adj = sampling.adjustments
+    num_rows, vocab = target_logits.shape
+    lay = _layout(cu_num_draft_tokens, num_rows, target_logits.device)
+    ids = draft_token_ids.to(torch.int64).clamp(0, vocab - 1)
+    later = lay.num_draft[lay.req_of_draft] - lay.pos_of_draft  # [D] target rows after each draft
+    before_target = preceding_drafts(ids, lay.row_of_draft + 1, later, max_k)
+    adjusted = guide_and_adjust(target_logits, lay.req_of_row, sampling, uncond_logits, before_target)
+    target_logits = torch.where(adj.adjusts[lay.req_of_row][:, None], adjusted, target_logits.float())
+    if isinstance(draft, DraftLogits):
+        draft_rows = torch.arange(ids.shape[0], device=ids.device)
+        before_draft = preceding_drafts(ids, draft_rows + 1, later - 1, max_k)
+        adjusted = guide_and_adjust(draft.logits, lay.req_of_draft, sampling, None, before_draft)
+        draft = DraftLogits(torch.where(adj.adjusts[lay.req_of_draft][:, None], adjusted, draft.logits.float()))
+    sampling = dataclasses.replace(
+        sampling,
+        guidance_scale=torch.where(adj.adjusts, 1.0, sampling.guidance_scale),
+        any_cfg=adj.guided_unadjusted,
+        adjustments=None,
+    )
+    return target_logits, draft, sampling
 
 
 def rejection_sample_probs(

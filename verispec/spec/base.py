@@ -22,6 +22,10 @@ class DraftRequest:
     seed: the request's resolved seed; with ``step`` it keys the drafter's random numbers so that
         a sampling drafter is batch-invariant.
     step: the request's decode-step counter.
+    num_prompt_tokens: how many of ``token_ids`` are the prompt; the rest is the output, which
+        frequency / presence penalties count (the repetition penalty counts both). A drafter
+        that samples with the request's pipeline penalises each draft position with the output
+        followed by its own drafts before that position, as the verifier does.
     """
 
     request_id: str
@@ -30,6 +34,22 @@ class DraftRequest:
     params: SamplingParams
     seed: int
     step: int
+    num_prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_prompt_tokens <= len(self.token_ids):
+            raise ValueError(
+                f"num_prompt_tokens={self.num_prompt_tokens!r} is invalid: expected an integer in "
+                f"[0, {len(self.token_ids)}], the length of token_ids"
+            )
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        return self.token_ids[self.num_prompt_tokens :]
 
 
 @dataclass
@@ -66,8 +86,9 @@ class Drafter(ABC):
     - ``propose`` returns one entry per request, in order. A proposal may be shorter than the
       request's ``num_draft_tokens`` (down to empty); the engine then verifies fewer tokens.
     - ``probs``, when given, must hold the exact distributions the draft tokens were sampled
-      from. Normally that is the draft logits after the request's sampling pipeline (CFG combine
-      -> temperature -> top-k -> top-p -> min-p), the pipeline the target's p goes through too; a
+      from. Normally that is the draft logits after the request's sampling pipeline (the
+      SamplingParams order, penalties with the draft's own history included, without CFG),
+      the pipeline the target's p goes through too; a
       drafter that sampled with other parameters hands over the q it actually used. The output
       is distributed exactly as the target only if q is the distribution sampled from.
       A drafter whose tokens are deterministic (n-gram lookup, greedy drafting) returns

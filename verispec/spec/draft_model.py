@@ -5,8 +5,10 @@ tokens). Each call rolls the cache back to the longest prefix it shares with the
 current tokens (keep-and-rollback: rejected drafts are truncated, the accepted prefix is kept,
 nothing is rebuilt), feeds the rest, then drafts K tokens one forward pass at a time, batched
 over requests. Each draft token is sampled from q = the request's sampling pipeline applied to
-the draft logits (no CFG: drafts are unguided), with counter-based random numbers keyed by
-(seed, step, position), and q is handed to the verifier, so the output is exact.
+the draft logits (no CFG: drafts are unguided; penalties count the output followed by the
+drafts already proposed this step, the history the verifier gives the same position), with
+counter-based random numbers keyed by (seed, step, position), and q is handed to the verifier,
+so the output is exact.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from ..model import LlamaModel
 from ..sample import SamplingMetadata
+from ..sample.penalties import PrecedingTokens
 from ..sample.processors import process_logits
 from ..sample.rejection import sample_inverse_cdf
 from ..sample.rng import DRAFT, uniform
@@ -41,6 +44,14 @@ class DraftModelDrafter(Drafter):
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0 and self._sync(r)]
         pending = {i: list(requests[i].token_ids[len(self._cached[requests[i].request_id]) :]) for i in active}
+        sampling = None
+        if active:
+            sampling = SamplingMetadata.from_params(
+                [r.params for r in requests], steps=[r.step for r in requests],
+                seeds=[r.seed for r in requests], device=self.runner.device,
+                prompt_token_ids=[r.prompt_token_ids for r in requests],
+                output_token_ids=[r.output_token_ids for r in requests],
+            )
         position = 0
         while active:
             feeds = []
@@ -48,7 +59,8 @@ class DraftModelDrafter(Drafter):
                 cached = self._cached[requests[i].request_id]
                 feeds.append(Feed(requests[i].request_id, pending[i], len(cached), 1))
                 cached.extend(pending[i])
-            tokens, probs = self._sample([requests[i] for i in active], self.runner.forward(feeds), position)
+            tokens, probs = self._sample(sampling, active, [drafts[i] for i in active],
+                                         self.runner.forward(feeds), position)
             position += 1
             still = []
             for i, token, q in zip(active, tokens, probs):
@@ -89,17 +101,22 @@ class DraftModelDrafter(Drafter):
 
     def _sample(
         self,
-        requests: list[DraftRequest],
-        logits: torch.Tensor,  # [R, V] draft logits, one row per request
+        sampling: SamplingMetadata,  # of every request of the call
+        active: list[int],  # the requests drafting this round, one logit row each
+        drafted: list[list[int]],  # their drafts so far, the tail of their penalty history
+        logits: torch.Tensor,  # [R, V] draft logits, one row per active request
         position: int,
     ) -> tuple[list[int], torch.Tensor]:  # tokens, q rows [R, V]
-        sampling = SamplingMetadata.from_params(
-            [r.params for r in requests], steps=[r.step for r in requests],
-            seeds=[r.seed for r in requests], device=logits.device,
-        )
-        rows = torch.arange(len(requests), device=logits.device)
-        q = process_logits(logits, rows, sampling).softmax(dim=-1)
-        positions = torch.full((len(requests),), position, dtype=torch.int64, device=logits.device)
-        sampled = sample_inverse_cdf(q, uniform(sampling.keys, positions, DRAFT))
-        tokens = torch.where(sampling.is_greedy, q.argmax(dim=-1), sampled)
+        device = logits.device
+        rows = torch.tensor(active, dtype=torch.int64, device=device)
+        preceding = None
+        if sampling.adjustments is not None:
+            pairs = [(r, t) for r, tokens in enumerate(drafted) for t in tokens]
+            index = torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device)
+            ids = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device)
+            preceding = PrecedingTokens(index, ids, torch.ones_like(index, dtype=torch.bool))
+        q = process_logits(logits, rows, sampling, preceding=preceding).softmax(dim=-1)
+        positions = torch.full((len(active),), position, dtype=torch.int64, device=device)
+        sampled = sample_inverse_cdf(q, uniform(sampling.keys[rows], positions, DRAFT))
+        tokens = torch.where(sampling.is_greedy[rows], q.argmax(dim=-1), sampled)
         return tokens.tolist(), q
