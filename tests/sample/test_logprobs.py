@@ -1,5 +1,6 @@
 """Log-probabilities of emitted tokens equal log-softmax of the processed target rows, computed
-independently by the float64 oracle (reference_probs), for accepted, recovered and bonus tokens."""
+independently by the float64 oracle (reference_probs), for accepted, recovered and bonus tokens,
+penalties seeing each row's own history (the output, then the accepted drafts before the row)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ PARAMS = [
     SamplingParams(guidance_scale=2.0, temperature=1.3),
     SamplingParams(min_p=0.05),
     SamplingParams(temperature=0, guidance_scale=1.5),
+    SamplingParams(presence_penalty=1.5, repetition_penalty=1.3, temperature=0.9),
+    SamplingParams(temperature=0, frequency_penalty=2.0, logit_bias={3: 5.0}),
 ]
+PROMPT = [1, 2, 3]
+OUTPUT = [4, 4, 5]
 
 
 def test_emitted_logprobs_match_the_oracle() -> None:
@@ -35,10 +40,12 @@ def test_emitted_logprobs_match_the_oracle() -> None:
     noise = torch.randint(0, V, ids.shape, generator=g)
     ids = torch.where(torch.rand(ids.shape, generator=g) < 0.3, noise, ids)
     draft = DraftProbs(torch.softmax(torch.randn(ids.shape[0], V, generator=g), -1))
-    sampling = SamplingMetadata.from_params(params, seeds=list(range(len(params))))
+    sampling = SamplingMetadata.from_params(params, seeds=list(range(len(params))),
+                                            prompt_token_ids=[PROMPT] * len(params),
+                                            output_token_ids=[OUTPUT] * len(params))
     out = rejection_sample(target, ids, cu, sampling, draft=draft, uncond_logits=uncond)
     wanted = [i % 3 != 2 for i in range(len(params))]
-    got = emitted_logprobs(target, cu, sampling, out, wanted, 5, uncond)
+    got = emitted_logprobs(target, ids, cu, sampling, out, wanted, 5, uncond)
 
     kinds = set()
     r = 0
@@ -50,7 +57,8 @@ def test_emitted_logprobs_match_the_oracle() -> None:
         reference_params = dataclasses.replace(sp, temperature=1.0) if sp.greedy else sp
         for j in range(n):
             row = int(cu[b]) + b + j
-            log_p = reference_probs(target[row], reference_params, uncond[row]).log()
+            history = OUTPUT + out.token_ids[b, :j].tolist()  # the accepted drafts before row j
+            log_p = reference_probs(target[row], reference_params, uncond[row], PROMPT, history).log()
             token = int(out.token_ids[b, j])
             torch.testing.assert_close(got.token_logprobs[r], log_p[token].float(), atol=1e-5, rtol=0)
             expected_top = log_p.sort(descending=True).values[:5].float()

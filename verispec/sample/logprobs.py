@@ -18,6 +18,7 @@ import torch
 
 from .metadata import SamplingMetadata
 from .processors import process_logits
+from .rejection import adjust_rows
 from .types import RejectionOutput
 
 MAX_TOP_LOGPROBS = 20
@@ -34,14 +35,21 @@ class EmittedLogprobs(NamedTuple):
 
 def emitted_logprobs(
     target_logits: torch.Tensor,  # [num_draft_tokens + B, V], as given to rejection_sample
+    draft_token_ids: torch.Tensor,  # [num_draft_tokens], as given to rejection_sample
     cu_num_draft_tokens: torch.Tensor,  # [B + 1], leading 0
     sampling: SamplingMetadata,
-    out: RejectionOutput,
+    out: RejectionOutput,  # what rejection_sample emitted for these inputs
     wanted: list[bool],  # per request: whether it asked for log-probabilities
     num_top: int,  # n, the alternatives per row (0..MAX_TOP_LOGPROBS)
     uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V] CFG rows, or None
 ) -> EmittedLogprobs:
     device = target_logits.device
+    if sampling.adjustments is not None:
+        # Penalties see each row's own history (the accepted drafts before it), as in the verifier.
+        target_logits, _, sampling = adjust_rows(
+            target_logits, draft_token_ids, cu_num_draft_tokens, sampling, None, uncond_logits,
+            out.token_ids.shape[1] - 1,
+        )
     counts = [n if w else 0 for n, w in zip(out.num_emitted.tolist(), wanted)]
     request = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(device)
     starts = torch.tensor([0, *counts[:-1]]).cumsum(0).to(device)
