@@ -1,4 +1,4 @@
-"""The Triton path against the contract of the native path (DESIGN §6).
+"""The Triton path against the contract of the native path (docs/design.md, "Tests").
 
 On CUDA the kernels run compiled; without a GPU they run under the Triton interpreter (see
 tests/conftest.py) at V = 6: a representative subset of the chi-square suite, covering every

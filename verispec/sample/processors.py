@@ -1,6 +1,6 @@
 """Logits -> probabilities: the sampling pipeline, batched, native PyTorch.
 
-Order (DESIGN §1.6), identical for draft and target rows:
+Order (docs/design.md, "The sampling pipeline"), identical for draft and target rows:
 CFG combine -> repetition penalty -> frequency / presence penalties -> logit bias ->
 allowed / banned mask -> temperature -> top-k -> top-p -> min-p.
 The stages up to the mask (guide_and_adjust; penalties.py) change which token is the argmax, so

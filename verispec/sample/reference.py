@@ -2,7 +2,7 @@
 
 `reference_probs` is the sampling pipeline of one row, step by step as SamplingParams documents
 it, penalties applied token by token from the row's history. `reference_rejection_sample` walks each request's drafts one at a time with the rules of
-DESIGN §1, drawing its random numbers from the same counter-based streams as the fast paths, so
+docs/design.md ("The rule"), drawing its random numbers from the same counter-based streams as the fast paths, so
 for the same inputs it emits the same tokens (up to float rounding at exact decision
 boundaries).
 """

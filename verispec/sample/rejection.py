@@ -1,4 +1,4 @@
-"""rejection_sample(): exact, batched, ragged verification of draft tokens (DESIGN §1, §3).
+"""rejection_sample(): exact, batched, ragged verification of draft tokens (docs/design.md: "The algorithm", "Interfaces").
 
 Terms, used throughout verispec/sample:
 - request b proposes K_b *draft* tokens x_1..x_K (K_b may be 0), drawn from *draft*
@@ -134,7 +134,7 @@ def rejection_sample_probs(
     """Probabilities in, with FlashInfer's chain_speculative_sampling contract.
 
     For callers whose distributions have already been through their sampling pipeline: every
-    request is sampled (no greedy) with the same K, and the rows are the p and q of DESIGN §1
+    request is sampled (no greedy) with the same K, and the rows are the p and q of docs/design.md
     as they are. Random numbers come from `keys` as in rejection_sample, so a request's
     acceptance decisions do not depend on the rest of the batch.
     """

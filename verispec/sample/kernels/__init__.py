@@ -1,4 +1,4 @@
-"""Triton kernels of the verifier (DESIGN §4). Imported only when the Triton backend is used.
+"""Triton kernels of the verifier (docs/design.md, "Layout"). Imported only when the Triton backend is used.
 
     row_stats.py     per-row online softmax statistics, CFG, temperature, filters, p(x), argmax
     threshold.py     top-k / top-p thresholds by a multi-pivot search over the row (no sort)
