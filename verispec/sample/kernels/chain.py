@@ -1,12 +1,13 @@
 """The acceptance chain and the final-row race, in one kernel.
 
 Program (tile, split) walks the drafts of REQUESTS requests (docs/design.md, "The rule":
-acceptance and greedy), which reads a few scalars per draft, then races over columns
-[split * split_width, ...) of each request's final row: the row after its accepted drafts, holding the *recovered* token at a
-rejection (residual max(p - q, 0); p without x for a one-hot drafter) or the *bonus* token when
-every draft was accepted. Several splits per request each redo the cheap chain rather than wait
-for one another; split 0 writes the outputs, and final_sample.finish_split_races picks the
-sampled tokens from the partial winners. With one split the kernel writes everything itself.
+acceptance and greedy), which reads a few scalars per draft, then races over columns [split *
+split_width, ...) of each request's final row: the row after its accepted drafts, holding the
+*recovered* token at a rejection (residual max(p - q, 0); p without x for a one-hot drafter) or
+the *bonus* token when every draft was accepted. Several splits per request each redo the cheap
+chain rather than wait for one another; split 0 writes the outputs, and
+final_sample.finish_split_races picks the sampled tokens from the partial winners. With one
+split the kernel writes everything itself.
 
 Greedy requests take the target argmax from row_stats, at the same place in the same launch.
 """
