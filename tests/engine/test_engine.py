@@ -191,14 +191,30 @@ def test_abort_frees_blocks(target) -> None:
 
 def test_bad_requests_are_rejected_with_clear_errors(target) -> None:
     engine = tiny_engine(target)
-    with pytest.raises(ValueError, match="prompt token ids are invalid"):
+    with pytest.raises(ValueError, match=r"prompt=\[1, 99\] holds 99 at index 1: expected .* in \[0, 16\)"):
         engine.add_request([1, 99])
-    with pytest.raises(ValueError, match="prompt token ids are invalid"):
+    with pytest.raises(ValueError, match=r"prompt=\[\] is empty"):
         engine.add_request([])
     with pytest.raises(ValueError, match="prompt has 600 tokens"):
         engine.add_request([1] * 600)
+    with pytest.raises(ValueError, match="negative_prompt has 600 tokens"):
+        engine.add_request([1], SamplingParams(guidance_scale=2.0, negative_prompt=[1] * 600))
     with pytest.raises(TypeError, match="params is dict"):
         engine.add_request([1], {"temperature": 0})
     engine.add_request([1], request_id="x")
     with pytest.raises(ValueError, match="request_id='x' is already in use"):
         engine.add_request([1], request_id="x")
+
+
+@pytest.mark.parametrize("prompt,error,message", [
+    ({"prompt": "t1"}, TypeError, r"prompt=\{'prompt': 't1'\} is a dict: expected a str, or a non-empty list"),
+    ([True], TypeError, r"prompt=\[True\] holds True \(bool\) at index 0"),
+    ([1, 2.0], TypeError, r"holds 2.0 \(float\) at index 1"),
+    ((3, -1), ValueError, r"prompt=\(3, -1\) holds -1 at index 1"),
+    (7, TypeError, r"prompt=7 is a int"),
+])
+def test_prompts_must_be_text_or_token_ids(target, prompt, error, message) -> None:
+    engine = tiny_engine(target)
+    with pytest.raises(error, match=message):
+        engine.add_request(prompt)
+    assert not engine.has_unfinished()
