@@ -123,6 +123,29 @@ def test_seeded_request_is_batch_invariant(target) -> None:
     assert batched[-1] == alone
 
 
+@pytest.mark.parametrize("budget", [8, 10, 12, 13, 14, 16, 20, 32, 48])
+def test_seeded_requests_are_batch_invariant_under_any_token_budget(target, budget) -> None:
+    """A tight budget used to trim a seeded request's drafts to fit older requests, which
+    changed the random numbers it consumed; now it waits for a step with room instead."""
+    def sampled(seed, **kw):
+        return SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True, **kw)
+
+    seeded = [(PROMPTS[0], sampled(5)), (PROMPTS[2], sampled(6, guidance_scale=1.5, negative_prompt=[2, 3])),
+              (PROMPTS[4], sampled(7, top_k=4))]
+    others = [(PROMPTS[1], SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)),
+              (PROMPTS[3], GREEDY), (PROMPTS[0], SamplingParams(temperature=0.7, max_tokens=20, ignore_eos=True))]
+
+    def run(batch):
+        engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4, budget=budget)
+        return generate(engine, [p for p, _ in batch], [sp for _, sp in batch])
+
+    alone = [run([r])[0] for r in seeded]
+    assert run(others + seeded)[len(others):] == alone
+    assert run(seeded + others)[: len(seeded)] == alone
+    mixed = run([others[0], seeded[1], others[1], seeded[0], others[2], seeded[2]])
+    assert mixed[1::2] == [alone[1], alone[0], alone[2]]
+
+
 def test_stop_conditions(target) -> None:
     engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4)
     free_run = generate(engine, [PROMPTS[1]], GREEDY)[0]
@@ -158,6 +181,24 @@ def test_streamed_text_never_shows_a_stop_string_begun_in_an_earlier_step(target
     full = " ".join(f"t{t}" for t in free_run)
     assert streamed[stopped] == final[stopped] == full[: full.index(stop)]
     assert streamed[plain] == final[plain] == full
+
+
+@pytest.mark.parametrize("k", [0, 4])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_stop_strings_completed_by_one_token_cut_at_the_earliest(target, k, reverse) -> None:
+    free_run = generate(tiny_engine(target), [PROMPTS[1]], GREEDY)[0]
+    full = " ".join(f"t{t}" for t in free_run)
+    short, long = f"t{free_run[5]}", f"t{free_run[3]} t{free_run[4]} t{free_run[5]}"
+    assert full.index(short) + len(short) == full.index(long) + len(long)  # both end on token 5
+    stops = [long, short] if reverse else [short, long]
+    engine = tiny_engine(target, NgramDrafter(1, 3, 4) if k else None, k=k)
+    rid = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24, stop=stops))
+    streamed = ""
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed += out.new_text
+    assert out.finish_reason == "stop"
+    assert out.text == streamed == full[: full.index(long)]
 
 
 def test_stop_prefix_len() -> None:
