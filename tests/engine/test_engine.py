@@ -221,6 +221,30 @@ def test_eos_stops_unless_ignored() -> None:
     assert done[b].token_ids == free_run
 
 
+def test_max_tokens_is_capped_by_the_context_length(target) -> None:
+    """max_tokens beyond max_model_len (512 here) means "until the context is full", not an error."""
+    engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4, num_blocks=130)
+    prompt = PROMPTS[0]
+    plain = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True))
+    cfg = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True,
+                                                    guidance_scale=1.5, negative_prompt=[1] * 20))
+    done = run_all(engine)
+    assert done[plain].finish_reason == "length" and len(done[plain].token_ids) == 512 - len(prompt)
+    # Every sequence stays within max_model_len, the companion's longer prefix included.
+    assert done[cfg].finish_reason == "length" and len(done[cfg].token_ids) == 512 - 20
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_request_larger_than_the_cache_fails_with_its_reason(target) -> None:
+    engine = tiny_engine(target, num_blocks=8, block_size=4)
+    big = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=40))
+    small = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=5))
+    done = run_all(engine)
+    assert done[big].finish_reason == "error" and not done[big].token_ids
+    assert done[big].error == "the request needs 11 KV-cache blocks (42 tokens at 4 per block) but the cache has 8"
+    assert done[small].finish_reason == "length" and done[small].error is None
+
+
 def test_abort_frees_blocks(target) -> None:
     engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4)
     rid = engine.add_request(PROMPTS[3], GREEDY)
