@@ -223,7 +223,7 @@ def test_eos_stops_unless_ignored() -> None:
 
 def test_max_tokens_is_capped_by_the_context_length(target) -> None:
     """max_tokens beyond max_model_len (512 here) means "until the context is full", not an error."""
-    engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4, num_blocks=130)
+    engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4, num_blocks=300)
     prompt = PROMPTS[0]
     plain = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True))
     cfg = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True,
