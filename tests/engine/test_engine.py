@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from verispec import SamplingParams
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
 from verispec.engine.engine import _stop_prefix_len
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
@@ -14,7 +16,7 @@ from verispec.spec.draft_model import DraftModelDrafter
 from verispec.spec.ngram import NgramDrafter
 
 from ..stats import chi_square
-from ..tiny import run_all, tiny_engine, tiny_model
+from ..tiny import run_all, tiny_engine, tiny_model, word_tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [5, 6, 7], [9, 9, 9, 9, 9, 9], list(range(16)) * 2, [3]]
@@ -222,16 +224,18 @@ def test_eos_stops_unless_ignored() -> None:
 
 
 def test_max_tokens_is_capped_by_the_context_length(target) -> None:
-    """max_tokens beyond max_model_len (512 here) means "until the context is full", not an error."""
-    engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4, num_blocks=300)
+    """max_tokens beyond max_model_len means "until the context is full", not an error."""
+    config = EngineConfig(max_model_len=48, cache=CacheConfig(4, 40),
+                          speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    engine = LLMEngine(target, word_tokenizer(), config, NgramDrafter(1, 3, 4))
     prompt = PROMPTS[0]
     plain = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True))
     cfg = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True,
                                                     guidance_scale=1.5, negative_prompt=[1] * 20))
     done = run_all(engine)
-    assert done[plain].finish_reason == "length" and len(done[plain].token_ids) == 512 - len(prompt)
+    assert done[plain].finish_reason == "length" and len(done[plain].token_ids) == 48 - len(prompt)
     # Every sequence stays within max_model_len, the companion's longer prefix included.
-    assert done[cfg].finish_reason == "length" and len(done[cfg].token_ids) == 512 - 20
+    assert done[cfg].finish_reason == "length" and len(done[cfg].token_ids) == 48 - 20
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
