@@ -7,8 +7,7 @@ import torch
 
 from verispec import SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
-from verispec.engine.engine import LLMEngine
-from verispec.engine.engine import _stop_prefix_len
+from verispec.engine.engine import LLMEngine, _stop_prefix_len
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
