@@ -68,7 +68,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
-        """Ends a request (in any state) and frees its blocks at once."""
+        """Ends a request (in any state) and frees its blocks at once; `error` says why, exactly
+        when the reason is ERROR."""
+        if (reason is FinishReason.ERROR) != (error is not None):
+            raise ValueError(f"error={error!r} with reason {reason.value}: expected a message exactly for errors")
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
