@@ -189,3 +189,33 @@ def test_chat_prompt_gets_the_template_bos_only(checkpoint, capsys, tmp_path, mo
     monkeypatch.setattr(llm_module.LLM, "stream", spy)
     assert main(["generate", "--model", model, "--chat", "--max-tokens", "2", "t5 t6"]) == 0
     assert prompts == [[1, 5, 6]]
+
+
+def test_logprobs_penalties_and_bans_reach_the_request(checkpoint, capsys) -> None:
+    code = main(["generate", "--model", checkpoint, "--no-chat", "--temperature", "0", "--max-tokens", "6",
+                 "--logprobs", "2", "--ban-token", "5", "--logit-bias", "7=3.5", "--presence-penalty", "0.5",
+                 "t1 t2 t3"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "t5" not in out.split()
+    lines = [line for line in err.splitlines() if re.match(r"\s*'.*' +-?\d+\.\d{3}", line)]
+    assert len(lines) == 6  # one per token: the token, its log-probability, two alternatives
+    assert all(len(re.findall(r"-?\d+\.\d{3}", line)) == 3 for line in lines)
+
+
+def test_a_malformed_logit_bias_is_an_argument_error(checkpoint, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", checkpoint, "--logit-bias", "7:3", "t1"])
+    assert exit_info.value.code == 2
+    assert "'7:3' is not ID=BIAS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--logprobs", "21"], "logprobs=21 is invalid"),
+    (["--presence-penalty", "3"], "presence_penalty=3.0 is invalid"),
+    (["--ban-token", "-1"], "banned_token_ids=[-1] is invalid"),
+])
+def test_bad_sampler_values_are_one_line(checkpoint, capsys, args: list[str], message: str) -> None:
+    assert main(["generate", "--model", checkpoint, "--no-chat", *args, "t1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

@@ -17,6 +17,7 @@ from .sampling_params import SamplingParams
 if TYPE_CHECKING:
     from .engine.engine import RequestOutput
     from .engine.llm import LLM
+    from .model import Tokenizer
 
 EPILOG = """\
 Speculative decoding here is exact: with --draft ngram or a draft model, the output follows the
@@ -54,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
     gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
     gen.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
+    gen.add_argument("--presence-penalty", type=float, default=0.0,
+                     help="in [-2, 2]: subtracted from tokens already generated (default: 0)")
+    gen.add_argument("--frequency-penalty", type=float, default=0.0,
+                     help="in [-2, 2]: times each generated token's count, subtracted (default: 0)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0,
+                     help="> 0: shrinks tokens of the prompt and the output; 1 is off (default: 1)")
+    gen.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS", type=_bias_entry,
+                     help="add BIAS in [-100, 100] to token ID's logit (repeatable)")
+    gen.add_argument("--ban-token", action="append", default=[], type=int, metavar="ID",
+                     help="never emit token ID (repeatable)")
+    gen.add_argument("--logprobs", type=int, default=None, metavar="N",
+                     help="after the text, print each token's log-probability and its N likeliest "
+                          "alternatives (0..20)")
     gen.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale gamma; 1 is off (default: 1)")
     gen.add_argument("--negative-prompt", default=None, help="text of the unconditional CFG branch")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
@@ -64,6 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wrap the prompt in the model's chat template (default: on)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser
+
+
+def _bias_entry(text: str) -> tuple[int, float]:
+    token, sep, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ID=BIAS (e.g. 198=-100)") from None
+
+
+def print_logprobs(out: RequestOutput, tokenizer: Tokenizer) -> None:
+    """One line per emitted token on stderr: the token, its log-probability, the alternatives."""
+
+    def show(token: int) -> str:
+        return repr(tokenizer.decode([token], skip_special_tokens=False))
+
+    for record in out.logprobs or []:
+        alternatives = "  ".join(f"{show(i)} {v:.3f}" for i, v in record.top)
+        print(f"{show(record.token_id):>16} {record.logprob:8.3f}   {alternatives}", file=sys.stderr)
 
 
 def stream_to_stdout(llm: LLM, prompt: str | list[int],
@@ -90,6 +123,9 @@ def generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
         guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias) or None,
+        banned_token_ids=args.ban_token, logprobs=args.logprobs,
     )
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
@@ -105,6 +141,7 @@ def generate(args: argparse.Namespace) -> int:
     if last.finish_reason == "error":
         print(f"verispec: generation failed: {last.error}", file=sys.stderr)
         return 1
+    print_logprobs(last, llm.tokenizer)
     stats = last.stats
     tokens = len(last.token_ids)
     spec = (

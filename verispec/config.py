@@ -77,7 +77,8 @@ class EngineConfig:
     max_num_seqs: most requests in one step.
     max_num_batched_tokens: most tokens (prompt chunks + last tokens + drafts) in one step; a
         longer prompt is prefilled in chunks.
-    max_model_len: most tokens (prompt + output) per request.
+    max_model_len: most tokens (prompt + output) per sequence; a request's max_tokens is lowered
+        to fit it (its CFG companion's negative prompt included).
     """
 
     max_num_seqs: int = 64

@@ -32,6 +32,7 @@ from types import MappingProxyType
 # Temperatures below this sample as greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
 # them overflows to inf, or the temperature itself underflows to 0 in float32 (1e-40, 1e-50).
 GREEDY_TEMPERATURE = 1e-5
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 # float32's largest finite value: a larger temperature becomes inf on the device.
 MAX_TEMPERATURE = 3.4028234663852886e38
 
@@ -80,6 +81,9 @@ class SamplingParams:
     logit_bias: token id -> bias in [-100, 100], added to that token's logit (kept read-only).
     allowed_token_ids: when given, only these tokens may be emitted (non-empty).
     banned_token_ids: tokens never emitted; at least one allowed token must remain.
+    logprobs: None (off), or n in [0, 20]: report each emitted token's log-probability under
+        the processed target distribution (at temperature 1 for greedy requests) and its row's
+        n likeliest alternatives (RequestOutput.logprobs); costs nothing when off.
     Token ids in logit_bias / allowed / banned must be below the vocabulary size, which the
     engine checks with check_vocab when the request is added.
     """
@@ -101,6 +105,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
     allowed_token_ids: tuple[int, ...] | None = None
     banned_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -161,6 +166,11 @@ class SamplingParams:
         _check_number("ignore_eos", self.ignore_eos, "a bool", isinstance(self.ignore_eos, bool))
         if isinstance(n, list):
             object.__setattr__(self, "negative_prompt", tuple(n))
+        lp = self.logprobs
+        _check_number(
+            "logprobs", lp, f"None or an integer in [0, {MAX_TOP_LOGPROBS}] (the alternatives per token)",
+            lp is None or (_is_token_id(lp) and lp <= MAX_TOP_LOGPROBS),
+        )
         self._check_adjustments()
 
     def _check_adjustments(self) -> None:

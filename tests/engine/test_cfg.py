@@ -147,3 +147,35 @@ def test_mixed_batch_gives_each_request_its_solo_tokens() -> None:
     together = run(requests)
     alone = [run([r])[0] for r in requests]
     assert together == alone
+
+
+@pytest.mark.parametrize("budget", [4, 8, 16])
+def test_negative_prompt_longer_than_the_budget(budget) -> None:
+    """The conditional sequence has nothing to feed while the long companion is prefilled in
+    chunks: it must feed nothing (an empty chunk used to crash every request of the step)."""
+    target = tiny_model(seed=0, scale=3.0)
+    requests = [([3], _greedy_cfg(1.5, [1, 2, 3, 4, 5] * 5, 8)), ([5, 6, 7], SamplingParams(temperature=0, max_tokens=8)),
+                ([9, 9], _greedy_cfg(2.0, [4] * 11, 8))]
+
+    def run(engine):
+        ids = [engine.add_request(p, sp) for p, sp in requests]
+        done = run_all(engine)
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        return [(done[i].finish_reason, done[i].token_ids) for i in ids]
+
+    expected = run(tiny_engine(target))
+    assert all(reason == "length" for reason, _ in expected)
+    assert run(tiny_engine(target, budget=budget)) == expected
+    assert run(tiny_engine(target, NgramDrafter(1, 3, 3), k=3, budget=budget)) == expected
+    alone = tiny_engine(target, budget=budget)
+    rid = alone.add_request(*requests[0])
+    assert run_all(alone)[rid].token_ids == expected[0][1]
+
+
+def test_cfg_request_needs_a_budget_of_two_tokens() -> None:
+    engine = tiny_engine(tiny_model(seed=0), budget=1)
+    rid = engine.add_request([3, 4], _greedy_cfg(1.5, None, 4))
+    plain = engine.add_request([3, 4], SamplingParams(temperature=0, max_tokens=4))
+    done = run_all(engine)
+    assert done[rid].finish_reason == "error" and "max_num_batched_tokens=1 is too small" in done[rid].error
+    assert done[plain].finish_reason == "length"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from verispec import SamplingParams
-from verispec.engine.engine import _stop_prefix_len
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine, _stop_prefix_len
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
@@ -14,7 +15,7 @@ from verispec.spec.draft_model import DraftModelDrafter
 from verispec.spec.ngram import NgramDrafter
 
 from ..stats import chi_square
-from ..tiny import run_all, tiny_engine, tiny_model
+from ..tiny import run_all, tiny_engine, tiny_model, word_tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [5, 6, 7], [9, 9, 9, 9, 9, 9], list(range(16)) * 2, [3]]
@@ -123,6 +124,29 @@ def test_seeded_request_is_batch_invariant(target) -> None:
     assert batched[-1] == alone
 
 
+@pytest.mark.parametrize("budget", [8, 10, 12, 13, 14, 16, 20, 32, 48])
+def test_seeded_requests_are_batch_invariant_under_any_token_budget(target, budget) -> None:
+    """A tight budget used to trim a seeded request's drafts to fit older requests, which
+    changed the random numbers it consumed; now it waits for a step with room instead."""
+    def sampled(seed, **kw):
+        return SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True, **kw)
+
+    seeded = [(PROMPTS[0], sampled(5)), (PROMPTS[2], sampled(6, guidance_scale=1.5, negative_prompt=[2, 3])),
+              (PROMPTS[4], sampled(7, top_k=4))]
+    others = [(PROMPTS[1], SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)),
+              (PROMPTS[3], GREEDY), (PROMPTS[0], SamplingParams(temperature=0.7, max_tokens=20, ignore_eos=True))]
+
+    def run(batch):
+        engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4, budget=budget)
+        return generate(engine, [p for p, _ in batch], [sp for _, sp in batch])
+
+    alone = [run([r])[0] for r in seeded]
+    assert run(others + seeded)[len(others):] == alone
+    assert run(seeded + others)[: len(seeded)] == alone
+    mixed = run([others[0], seeded[1], others[1], seeded[0], others[2], seeded[2]])
+    assert mixed[1::2] == [alone[1], alone[0], alone[2]]
+
+
 def test_stop_conditions(target) -> None:
     engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4)
     free_run = generate(engine, [PROMPTS[1]], GREEDY)[0]
@@ -160,6 +184,24 @@ def test_streamed_text_never_shows_a_stop_string_begun_in_an_earlier_step(target
     assert streamed[plain] == final[plain] == full
 
 
+@pytest.mark.parametrize("k", [0, 4])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_stop_strings_completed_by_one_token_cut_at_the_earliest(target, k, reverse) -> None:
+    free_run = generate(tiny_engine(target), [PROMPTS[1]], GREEDY)[0]
+    full = " ".join(f"t{t}" for t in free_run)
+    short, long = f"t{free_run[5]}", f"t{free_run[3]} t{free_run[4]} t{free_run[5]}"
+    assert full.index(short) + len(short) == full.index(long) + len(long)  # both end on token 5
+    stops = [long, short] if reverse else [short, long]
+    engine = tiny_engine(target, NgramDrafter(1, 3, 4) if k else None, k=k)
+    rid = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24, stop=stops))
+    streamed = ""
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed += out.new_text
+    assert out.finish_reason == "stop"
+    assert out.text == streamed == full[: full.index(long)]
+
+
 def test_stop_prefix_len() -> None:
     assert _stop_prefix_len("abc END", ("ENDING", "xyz")) == 3
     assert _stop_prefix_len("abc EN", ("END",)) == 2
@@ -180,6 +222,32 @@ def test_eos_stops_unless_ignored() -> None:
     assert done[b].token_ids == free_run
 
 
+def test_max_tokens_is_capped_by_the_context_length(target) -> None:
+    """max_tokens beyond max_model_len means "until the context is full", not an error."""
+    config = EngineConfig(max_model_len=48, cache=CacheConfig(4, 40),
+                          speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    engine = LLMEngine(target, word_tokenizer(), config, NgramDrafter(1, 3, 4))
+    prompt = PROMPTS[0]
+    plain = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True))
+    cfg = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True,
+                                                    guidance_scale=1.5, negative_prompt=[1] * 20))
+    done = run_all(engine)
+    assert done[plain].finish_reason == "length" and len(done[plain].token_ids) == 48 - len(prompt)
+    # Every sequence stays within max_model_len, the companion's longer prefix included.
+    assert done[cfg].finish_reason == "length" and len(done[cfg].token_ids) == 48 - 20
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_request_larger_than_the_cache_fails_with_its_reason(target) -> None:
+    engine = tiny_engine(target, num_blocks=8, block_size=4)
+    big = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=40))
+    small = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=5))
+    done = run_all(engine)
+    assert done[big].finish_reason == "error" and not done[big].token_ids
+    assert done[big].error == "the request needs 11 KV-cache blocks (42 tokens at 4 per block) but the cache has 8"
+    assert done[small].finish_reason == "length" and done[small].error is None
+
+
 def test_abort_frees_blocks(target) -> None:
     engine = tiny_engine(target, NgramDrafter(1, 3, 4), k=4)
     rid = engine.add_request(PROMPTS[3], GREEDY)
@@ -191,14 +259,30 @@ def test_abort_frees_blocks(target) -> None:
 
 def test_bad_requests_are_rejected_with_clear_errors(target) -> None:
     engine = tiny_engine(target)
-    with pytest.raises(ValueError, match="prompt token ids are invalid"):
+    with pytest.raises(ValueError, match=r"prompt=\[1, 99\] holds 99 at index 1: expected .* in \[0, 16\)"):
         engine.add_request([1, 99])
-    with pytest.raises(ValueError, match="prompt token ids are invalid"):
+    with pytest.raises(ValueError, match=r"prompt=\[\] is empty"):
         engine.add_request([])
     with pytest.raises(ValueError, match="prompt has 600 tokens"):
         engine.add_request([1] * 600)
+    with pytest.raises(ValueError, match="negative_prompt has 600 tokens"):
+        engine.add_request([1], SamplingParams(guidance_scale=2.0, negative_prompt=[1] * 600))
     with pytest.raises(TypeError, match="params is dict"):
         engine.add_request([1], {"temperature": 0})
     engine.add_request([1], request_id="x")
     with pytest.raises(ValueError, match="request_id='x' is already in use"):
         engine.add_request([1], request_id="x")
+
+
+@pytest.mark.parametrize("prompt,error,message", [
+    ({"prompt": "t1"}, TypeError, r"prompt=\{'prompt': 't1'\} is a dict: expected a str, or a non-empty list"),
+    ([True], TypeError, r"prompt=\[True\] holds True \(bool\) at index 0"),
+    ([1, 2.0], TypeError, r"holds 2.0 \(float\) at index 1"),
+    ((3, -1), ValueError, r"prompt=\(3, -1\) holds -1 at index 1"),
+    (7, TypeError, r"prompt=7 is a int"),
+])
+def test_prompts_must_be_text_or_token_ids(target, prompt, error, message) -> None:
+    engine = tiny_engine(target)
+    with pytest.raises(error, match=message):
+        engine.add_request(prompt)
+    assert not engine.has_unfinished()

@@ -138,3 +138,37 @@ def test_random_traffic_never_leaks_blocks() -> None:
         steps += 1
         assert steps < 5000
     assert blocks.num_free_blocks == blocks.num_blocks
+
+
+def seeded(i: int, prompt_len: int, k: int, uncond: list[int] | None = None) -> Request:
+    return Request(f"s{i}", list(range(1, prompt_len + 1)), SamplingParams(seed=i, max_tokens=100), seed=i,
+                   arrival=i, num_speculative_tokens=k, max_speculative_tokens=k, uncond_token_ids=uncond)
+
+
+def test_seeded_sampled_request_gets_its_full_k_or_waits() -> None:
+    sched, _ = make(budget=10)
+    old, new = request(0, 1, k=4), seeded(1, 1, k=6)
+    sched.add(old)
+    sched.add(new)
+    # The first step admits both: old costs 1 + 4, new would need 1 + 6 > 5 and waits untrimmed.
+    assert [(p.request, p.num_draft_slots) for p in emit(sched)] == [(old, 4)]
+    sched.finish(old, FinishReason.ABORT)
+    assert [(p.request, p.num_draft_slots) for p in emit(sched)] == [(new, 6)]
+    # An unseeded request in its place is trimmed to the budget instead.
+    sched, _ = make(budget=10)
+    sched.add(request(0, 1, k=4))
+    sched.add(request(1, 1, k=6))
+    assert [p.num_draft_slots for p in emit(sched)] == [4, 4]
+
+
+def test_seeded_k_that_never_fits_a_step_is_cut_the_same_in_any_batch() -> None:
+    for others in (0, 3):
+        sched, _ = make(budget=10, max_seqs=8)
+        for i in range(others):
+            sched.add(request(i, 2))
+        r = seeded(9, 3, k=6, uncond=[5])
+        sched.add(r)
+        ks = []
+        while not r.output_token_ids:
+            ks += [p.num_draft_slots for p in emit(sched) if p.request is r and p.samples]
+        assert ks == [4]  # 2 sequences x (4 + 1) rows fill the budget of 10 exactly

@@ -5,11 +5,29 @@ Terms as in request.py (request, sequence, pending, sampling step) and sample/re
 token followed by its draft tokens; the target forward pass gives K + 1 rows per request (and the
 same rows for a CFG companion), rejection_sample emits accepted drafts + one token, and the
 scheduler keeps the accepted prefix in the cache and rolls the rest back.
+
+Requests enter in two steps: `prepare_request` validates and encodes (no state changes, so a
+caller can check a whole batch before queueing any of it), `enqueue` queues.
+
+Failure isolation: drafting, the forward pass and verification run for the step's batch and
+change no request state, so when they raise the batch is run again one request at a time
+(the KV slots reserved for the step stay reserved and are simply written again; drafter state
+of the batch is released, since a half-run drafter may hold state for tokens it never
+computed). A request that raises on its own, or while its emitted tokens are committed and
+detokenized, finishes with FinishReason.ERROR and the exception in `error`; its blocks (both CFG
+sequences) and drafter state are freed, and the other requests go on, each emitting its tokens
+exactly once.
+
+Stop strings: the text is cut where the earliest stop string begins, among those the newest
+token completed; text that may begin a stop string is held back from `new_text` until a later
+token decides it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import reprlib
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +35,7 @@ import torch
 from ..config import EngineConfig
 from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample
+from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
 from ..spec.adaptive import AdaptiveK, DraftClaim
@@ -26,6 +45,8 @@ from .kv_cache import BlockManager
 from .request import FinishReason, Request
 from .runner import Feed, ModelRunner
 from .scheduler import ScheduledRequest, Scheduler
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,7 +63,35 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
-    error: str | None = None
+    error: str | None = None  # why, when finish_reason is "error"
+    # With SamplingParams.logprobs: one record per token of token_ids / new_token_ids.
+    logprobs: list[TokenLogprob] | None = None
+    new_logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated, encoded request, not yet queued (LLMEngine.prepare_request).
+
+    num_speculative_tokens: the most draft tokens per step (0 without a drafter).
+    """
+
+    request_id: str | None
+    prompt: str | None
+    prompt_token_ids: list[int]
+    uncond_token_ids: list[int] | None
+    params: SamplingParams
+    num_speculative_tokens: int
+
+
+@dataclass(frozen=True)
+class _Emitted:
+    """What verification gave one sampling request in a step."""
+
+    token_ids: list[int]
+    num_accepted: int
+    num_draft: int
+    logprobs: list[TokenLogprob] | None  # per token, when the request asked for them
 
 
 class LLMEngine:
@@ -79,49 +128,87 @@ class LLMEngine:
         num_speculative_tokens: int | None = None,
     ) -> str:
         """Queues a prompt (text or token ids); returns its request id."""
-        params = params or SamplingParams()
+        return self.enqueue(self.prepare_request(prompt, params, request_id, num_speculative_tokens))
+
+    def prepare_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        num_speculative_tokens: int | None = None,
+        *,
+        name: str = "prompt",
+        add_special_tokens: bool = True,
+    ) -> PreparedRequest:
+        """Validates and encodes a request without queueing it; raises ValueError / TypeError
+        naming the bad argument (`name` is what the prompt is called in that message).
+        add_special_tokens=False: text whose chat template wrote its own BOS."""
+        params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params is {type(params).__name__}: expected SamplingParams")
         params.check_vocab(self.vocab_size)
-        text, ids = self._encode("prompt", prompt)
-        if len(ids) >= self.config.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens: expected fewer than max_model_len ({self.config.max_model_len})"
-            )
+        text, ids = self._encode(name, prompt, add_special_tokens)
         uncond = None
         if params.uses_cfg:
-            uncond = self._encode("negative_prompt", params.negative_prompt)[1] if params.negative_prompt else ids[-1:]
-        arrival = next(self._arrival)
-        request_id = request_id if request_id is not None else f"req-{arrival}"
-        if request_id in self._requests:
+            uncond = self._encode("negative_prompt", params.negative_prompt, add_special_tokens)[1] \
+                if params.negative_prompt else ids[-1:]
+        for what, tokens in ((name, ids), ("negative_prompt", uncond or [])):
+            if len(tokens) >= self.config.max_model_len:
+                raise ValueError(f"{what} has {len(tokens)} tokens: expected fewer than "
+                                 f"max_model_len ({self.config.max_model_len})")
+        if request_id is not None and request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         spec = self.config.speculative
-        k = spec.num_speculative_tokens if spec.enabled and self.drafter is not None else 0
+        k = spec.num_speculative_tokens if spec.enabled else 0
         if num_speculative_tokens is not None:
-            if not isinstance(num_speculative_tokens, int) or not 0 <= num_speculative_tokens <= 64:
-                raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: expected an integer in [0, 64]")
-            k = num_speculative_tokens if self.drafter is not None else 0
+            if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) \
+                    or not 0 <= num_speculative_tokens <= 64:
+                raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: "
+                                 "expected an integer in [0, 64]")
+            k = num_speculative_tokens
+        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0)
+
+    def enqueue(self, prepared: PreparedRequest) -> str:
+        """Queues a request from prepare_request; returns its request id."""
+        arrival = next(self._arrival)
+        request_id = prepared.request_id if prepared.request_id is not None else f"req-{arrival}"
+        if request_id in self._requests:
+            raise ValueError(f"request_id={request_id!r} is already in use")
+        params, k = prepared.params, prepared.num_speculative_tokens
+        longest = max(len(prepared.prompt_token_ids), len(prepared.uncond_token_ids or []))
         request = Request(
-            request_id=request_id, prompt_token_ids=ids, params=params,
+            request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, params=params,
             seed=params.seed if params.seed is not None else fresh_seed(),
-            arrival=arrival, num_speculative_tokens=self._next_k(request_id, k, params), max_speculative_tokens=k,
-            uncond_token_ids=uncond, prompt=text,
+            arrival=arrival, num_speculative_tokens=k, max_speculative_tokens=k,
+            uncond_token_ids=prepared.uncond_token_ids, prompt=prepared.prompt,
+            logprobs=None if params.logprobs is None else [],
+            max_tokens=min(params.max_tokens, self.config.max_model_len - longest),
         )
+        request.num_speculative_tokens = self._next_k(request)
         self._requests[request_id] = request
         self._decoders[request_id] = self.tokenizer.incremental_decoder()
         self.scheduler.add(request)
         return request_id
 
-    def _encode(self, name: str, value: str | list[int] | tuple[int, ...]) -> tuple[str | None, list[int]]:
+    def _encode(self, name: str, value: object, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt given as text or as token ids."""
         if isinstance(value, str):
-            ids = self.tokenizer.encode(value)
+            ids = self.tokenizer.encode(value, add_special_tokens=add_special_tokens)
             if not ids:
-                raise ValueError(f"{name}={value!r} encodes to no tokens: expected non-empty text")
+                raise ValueError(f"{name}={reprlib.repr(value)} encodes to no tokens: expected non-empty text")
             return value, ids
-        ids = list(value)
-        if not ids or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
-            raise ValueError(f"{name} token ids are invalid: expected a non-empty list of ints in [0, {self.vocab_size})")
-        return None, ids
+        expected = f"a str, or a non-empty list of int token ids in [0, {self.vocab_size})"
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name}={reprlib.repr(value)} is a {type(value).__name__}: expected {expected}")
+        for i, t in enumerate(value):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise TypeError(f"{name}={reprlib.repr(value)} holds {t!r} ({type(t).__name__}) at index {i}: "
+                                f"expected {expected}")
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(f"{name}={reprlib.repr(value)} holds {t} at index {i}: expected {expected}")
+        if not value:
+            raise ValueError(f"{name}=[] is empty: expected {expected}")
+        return None, list(value)
 
     def abort(self, request_id: str) -> None:
         request = self._requests.get(request_id)
@@ -141,41 +228,84 @@ class LLMEngine:
         for request in plan.preempted:
             if self.drafter is not None:
                 self.drafter.release(request.request_id)
-        if not plan.scheduled:
-            return outputs
-        sampling = [p for p in plan.scheduled if p.samples]
-        drafts, draft_probs = self._propose(plan.scheduled, sampling)
-        feeds = []
-        for p in plan.scheduled:
-            d = drafts.get(p.request.request_id, [])
-            for seq, n in zip(p.request.seqs, p.num_new):
-                feeds.append(Feed(seq.seq_id, p.request.pending_token_ids(seq, n) + d, seq.num_computed,
-                                  len(d) + 1 if p.samples else 0))
-        logits = self.runner.forward(feeds)
-        emitted = self._verify(sampling, drafts, draft_probs, logits) if sampling else []
-        for p in plan.scheduled:
-            if not p.samples:
-                self.scheduler.commit(p, 0)
-        for p, (tokens, num_accepted) in zip(sampling, emitted):
-            request = p.request
-            self.scheduler.commit(p, num_accepted)
-            request.step += 1
-            num_draft = len(drafts.get(request.request_id, []))
-            request.stats.observe(num_draft, num_accepted)
-            if self.adaptive is not None:
-                self.adaptive.observe(request.request_id, num_draft, num_accepted)
-                request.num_speculative_tokens = self._next_k(
-                    request.request_id, request.max_speculative_tokens, request.params)
-            outputs.append(self._append(request, tokens))
+        return outputs + self._run(plan.scheduled)
+
+    def _run(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
+        """Runs the scheduled requests as one batch; if that raises, one at a time (module
+        docstring), failing the requests that raise alone."""
+        if not scheduled:
+            return []
+        try:
+            emitted = self._execute(scheduled)
+        except Exception as error:
+            if self.drafter is not None:
+                for p in scheduled:
+                    self.drafter.release(p.request.request_id)
+            if len(scheduled) == 1:
+                return [self._fail(scheduled[0].request, error)]
+            logger.warning("a batch of %d requests raised; running them one at a time", len(scheduled))
+            return [out for p in scheduled for out in self._run([p])]
+        outputs = []
+        for p, e in zip(scheduled, emitted):
+            try:
+                out = self._commit(p, e)
+            except Exception as error:
+                out = self._fail(p.request, error)
+            if out is not None:
+                outputs.append(out)
         return outputs
 
-    def _next_k(self, request_id: str, cap: int, params: SamplingParams) -> int:
+    def _execute(self, scheduled: list[ScheduledRequest]) -> list[_Emitted | None]:
+        """Drafts, runs the target and verifies; changes no request state (only the KV slots
+        reserved for the step are written). Per scheduled request, what it emits (None when it
+        only fed a prefill chunk)."""
+        sampling = [p for p in scheduled if p.samples]
+        drafts, draft_probs = self._propose(scheduled, sampling)
+        feeds = []
+        for p in scheduled:
+            d = drafts.get(p.request.request_id, [])
+            for seq, n in zip(p.request.seqs, p.num_new):
+                if p.samples or n > 0:  # a sequence with nothing to feed this step feeds nothing
+                    feeds.append(Feed(seq.seq_id, p.request.pending_token_ids(seq, n) + d, seq.num_computed,
+                                      len(d) + 1 if p.samples else 0))
+        logits = self.runner.forward(feeds)
+        verified = iter(self._verify(sampling, drafts, draft_probs, logits) if sampling else [])
+        emitted: list[_Emitted | None] = []
+        for p in scheduled:
+            if p.samples:
+                tokens, num_accepted, logprobs = next(verified)
+                emitted.append(_Emitted(tokens, num_accepted, len(drafts.get(p.request.request_id, [])), logprobs))
+            else:
+                emitted.append(None)
+        return emitted
+
+    def _commit(self, p: ScheduledRequest, emitted: _Emitted | None) -> RequestOutput | None:
+        """Keeps what the step computed for one request and appends its emitted tokens."""
+        if emitted is None:
+            self.scheduler.commit(p, 0)
+            return None
+        request = p.request
+        self.scheduler.commit(p, emitted.num_accepted)
+        request.step += 1
+        request.stats.observe(emitted.num_draft, emitted.num_accepted)
+        if self.adaptive is not None:
+            self.adaptive.observe(request.request_id, emitted.num_draft, emitted.num_accepted)
+            request.num_speculative_tokens = self._next_k(request)
+        return self._append(request, emitted.token_ids, emitted.logprobs)
+
+    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        logger.warning("request %s failed", request.request_id, exc_info=error)
+        self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+        return self._output(request, [])
+
+    def _next_k(self, request: Request) -> int:
+        cap = request.max_speculative_tokens
         if cap == 0 or self.adaptive is None:
             return cap
-        if _batch_invariant(params):
-            return min(cap, self.adaptive.num_draft_tokens(request_id))
+        if request.batch_invariant:
+            return min(cap, self.adaptive.num_draft_tokens(request.request_id))
         return min(cap, self.adaptive.num_draft_tokens(
-            request_id, len(self.scheduler.running), engine_step=self._steps + 1))
+            request.request_id, len(self.scheduler.running), engine_step=self._steps + 1))
 
     def _propose(self, scheduled: list[ScheduledRequest],
                  sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
@@ -186,7 +316,7 @@ class LLMEngine:
         if self.adaptive is not None:
             counts = self.adaptive.allot(
                 [DraftClaim(p.request.request_id, p.num_draft_slots,
-                            fixed=_batch_invariant(p.request.params) or self.adaptive.probing(p.request.request_id),
+                            fixed=p.request.batch_invariant or self.adaptive.probing(p.request.request_id),
                             rows_per_draft=len(p.request.seqs))
                  for p in speculating],
                 base_rows=sum(sum(p.num_new) for p in scheduled),
@@ -212,7 +342,9 @@ class LLMEngine:
         drafts: dict[str, list[int]],
         draft_probs: torch.Tensor | None,  # [total_draft_tokens, V] rows in the order of `sampling`
         logits: torch.Tensor,  # [num_logits_rows, V]: per sampling request K + 1 rows per sequence
-    ) -> list[tuple[list[int], int]]:
+    ) -> list[tuple[list[int], int, list[TokenLogprob] | None]]:
+        """Per sampling request: its emitted tokens, how many drafts it accepted, and the
+        tokens' log-probabilities when it asked for them (computed only then)."""
         target_rows: list[int] = []
         uncond_rows: list[int] = []
         row = 0
@@ -236,43 +368,47 @@ class LLMEngine:
             prompt_token_ids=[p.request.prompt_token_ids for p in sampling],
             output_token_ids=[p.request.output_token_ids for p in sampling],
         )
+        target = logits[index]
+        draft_ids = torch.tensor(ids, dtype=torch.int64, device=device)
+        cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
         out = rejection_sample(
-            logits[index],
-            torch.tensor(ids, dtype=torch.int64, device=device),
-            torch.tensor([0, *itertools.accumulate(counts)], device=device),
-            metadata,
+            target, draft_ids, cu, metadata,
             draft=DraftProbs(draft_probs) if draft_probs is not None and ids else None,
             uncond_logits=uncond,
             max_num_draft_tokens=max(counts),
             validate=False,
         )
-        tokens = out.token_ids.tolist()
-        accepted = out.num_accepted.tolist()
-        return [(row[: a + 1], a) for row, a in zip(tokens, accepted)]
+        tokens = [row[: a + 1] for row, a in zip(out.token_ids.tolist(), out.num_accepted.tolist())]
+        asked = [p.request.params.logprobs for p in sampling]
+        records: list[list[TokenLogprob] | None] = [None] * len(sampling)
+        if any(n is not None for n in asked):
+            emitted = emitted_logprobs(target, draft_ids, cu, metadata, out, [n is not None for n in asked],
+                                       max(n or 0 for n in asked), uncond)
+            records = token_logprobs(emitted, tokens, [n or 0 for n in asked])
+        return [(t, len(t) - 1, r) for t, r in zip(tokens, records)]
 
-    def _append(self, request: Request, tokens: list[int]) -> RequestOutput:
-        """Adds emitted tokens one at a time, stopping at the first stop condition."""
+    def _append(self, request: Request, tokens: list[int],
+                logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+        """Adds emitted tokens (and their log-probabilities) one at a time, stopping at the
+        first stop condition."""
         params = request.params
         decoder = self._decoders[request.request_id]
         new_ids: list[int] = []
         reason = None
-        for token in tokens:
+        for i, token in enumerate(tokens):
             request.output_token_ids.append(token)
             new_ids.append(token)
+            if request.logprobs is not None and logprobs is not None:
+                request.logprobs.append(logprobs[i])
             before = len(request.text)
             request.text += decoder.push([token])
             if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
                 reason = FinishReason.STOP
-            for stop in params.stop:
-                at = request.text.find(stop, max(0, before - len(stop) + 1))
-                if at >= 0:
-                    request.text = request.text[:at]
-                    reason = FinishReason.STOP
-                    break
-            if reason is None and (
-                request.remaining_tokens <= 0
-                or request.num_tokens(request.seqs[0]) >= self.config.max_model_len
-            ):
+            cut = _earliest_stop(request.text, before, params.stop)
+            if cut is not None:
+                request.text = request.text[:cut]
+                reason = FinishReason.STOP
+            if reason is None and request.remaining_tokens <= 0:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 break
@@ -285,8 +421,8 @@ class LLMEngine:
         request.streamed_chars = max(request.streamed_chars, visible)
         return self._output(request, new_ids, new_text)
 
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        self.scheduler.finish(request, reason)
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        self.scheduler.finish(request, reason, error)
         self._forget(request)
 
     def _forget(self, request: Request) -> None:
@@ -310,6 +446,8 @@ class LLMEngine:
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stats=request.stats,
             error=request.error,
+            logprobs=None if request.logprobs is None else list(request.logprobs),
+            new_logprobs=None if request.logprobs is None else request.logprobs[len(request.logprobs) - len(new_ids):],
         )
 
 
@@ -324,8 +462,7 @@ def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
-def _batch_invariant(params: SamplingParams) -> bool:
-    """K decides which random numbers a sampled request consumes, so a seeded one takes K from
-    its own history alone (batch size 1 in the cost model, never trimmed with the batch's
-    drafts) to stay batch invariant."""
-    return params.seed is not None and not params.greedy
+def _earliest_stop(text: str, before: int, stops: tuple[str, ...]) -> int | None:
+    """Where the earliest stop string completed by the text after `before` begins, if any."""
+    found = [at for stop in stops if (at := text.find(stop, max(0, before - len(stop) + 1))) >= 0]
+    return min(found, default=None)

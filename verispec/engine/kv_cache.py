@@ -60,6 +60,10 @@ class BlockManager:
     def has(self, seq_id: Hashable) -> bool:
         return seq_id in self._lengths
 
+    def seq_ids(self) -> list[Hashable]:
+        """Every allocated sequence."""
+        return list(self._lengths)
+
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._length(seq_id)
 

@@ -3,12 +3,18 @@
     llm = LLM()                                   # embedded SmolLM2-135M-Instruct, n-gram drafts
     out = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
     print(out[0].text, out[0].stats.mean_acceptance_length)
+
+Every call validates all of its prompts before queueing any. Calls share one engine: whoever
+needs output steps it, and every output lands in its request's own outbox, so streams read in
+turn, or a generate() while a stream is open, each receive all of their own outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Iterable, Iterator, Sequence
+from collections import deque
+from typing import Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -19,7 +25,7 @@ from ..sampling_params import SamplingParams
 from ..spec.base import Drafter
 from ..spec.draft_model import DraftModelDrafter
 from ..spec.ngram import NgramDrafter
-from .engine import LLMEngine, RequestOutput
+from .engine import LLMEngine, PreparedRequest, RequestOutput
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -69,13 +75,25 @@ class LLM:
         torch_dtype = resolve_dtype(dtype)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib={kv_cache_gib!r} is invalid: expected a number > 0")
-        self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress)
         method = "none" if draft in (None, "none") else "ngram" if draft == "ngram" else "draft_model"
         spec = SpeculativeConfig(
             method=method,
             num_speculative_tokens=num_speculative_tokens,
             draft_model=draft if method == "draft_model" else None,
         )
+        # Everything but the model's limits is checked before the (slow) load.
+        limits = EngineConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=EngineConfig.max_model_len if max_model_len is None else max_model_len,
+            cache=CacheConfig(block_size),
+            speculative=spec,
+        )
+        self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress)
+        positions = self.model.config.max_position_embeddings
+        if max_model_len is not None and max_model_len > positions:
+            raise ValueError(f"max_model_len={max_model_len!r} is invalid: expected at most {positions}, "
+                             "the model's max_position_embeddings")
         drafter: Drafter | None = None
         if method == "ngram":
             drafter = NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens)
@@ -87,15 +105,13 @@ class LLM:
                     f"{self.model.config.vocab_size}, the target's (draft and target must share a tokenizer)"
                 )
             drafter = DraftModelDrafter(draft_model, kv_blocks_for(draft_model, kv_cache_gib, block_size), block_size)
-        max_len = max_model_len or min(self.model.config.max_position_embeddings, 8192)
-        config = EngineConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_len,
+        config = dataclasses.replace(
+            limits,
+            max_model_len=min(positions, 8192) if max_model_len is None else max_model_len,
             cache=CacheConfig(block_size, kv_blocks_for(self.model, kv_cache_gib, block_size)),
-            speculative=spec,
         )
         self.engine = LLMEngine(self.model, self.tokenizer, config, drafter)
+        self._outboxes: dict[str, deque[RequestOutput]] = {}  # per request id, outputs not yet read
 
     def generate(
         self,
@@ -104,31 +120,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Completes every prompt (text or token ids); outputs in the order of the prompts."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("prompts is empty: expected at least one prompt")
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"sampling_params has {len(params)} entries: expected {len(prompts)}, one per prompt")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) == 1)
-        try:
-            for out in self._run():
-                if out.finished:
-                    done[out.request_id] = out
-                    bar.update(1)
-        finally:
-            bar.close()
-            for rid in ids:
-                if rid not in done:
-                    self.engine.abort(rid)
-        return [done[rid] for rid in ids]
+        return self._generate(prompts, sampling_params, use_tqdm, add_special_tokens=True)
 
     def chat(
         self,
@@ -137,23 +129,82 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """One conversation ([{"role": ..., "content": ...}, ...]) or a list of them, rendered
-        with the model's chat template and a generation prompt."""
+        with the model's chat template and a generation prompt. The template writes any BOS
+        itself, so the rendered text is encoded without adding special tokens."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self._generate(prompts, sampling_params, use_tqdm, add_special_tokens=False)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yields after every step that added tokens; `new_text` holds the increment."""
-        rid = self.engine.add_request(prompt, sampling_params)
+        rid = self._submit(self.engine.prepare_request(prompt, sampling_params))
         try:
-            for out in self._run():
-                if out.request_id == rid:
+            while True:
+                out = self._next_output(rid)
+                if out.finished:
+                    self._close(rid)  # now, not when the caller next touches the generator
                     yield out
-                    if out.finished:
-                        return
+                    return
+                yield out
         finally:
-            self.engine.abort(rid)
+            self._close(rid)
 
-    def _run(self) -> Iterable[RequestOutput]:
-        while self.engine.has_unfinished():
-            yield from self.engine.step()
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        add_special_tokens: bool,
+    ) -> list[RequestOutput]:
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], int))
+        batch = [prompts] if single else list(prompts)
+        if not batch:
+            raise ValueError("prompts is empty: expected at least one prompt")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(batch)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(batch):
+                raise ValueError(f"sampling_params has {len(params)} entries: expected {len(batch)}, one per prompt")
+        prepared = [
+            self.engine.prepare_request(p, sp, name="prompts" if single else f"prompts[{i}]",
+                                        add_special_tokens=add_special_tokens)
+            for i, (p, sp) in enumerate(zip(batch, params))
+        ]
+        ids = [self._submit(p) for p in prepared]
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) == 1)
+        try:
+            for rid in ids:
+                while rid not in done:
+                    out = self._next_output(rid)
+                    if out.finished:
+                        done[rid] = out
+                        bar.update(1)
+        finally:
+            bar.close()
+            for rid in ids:
+                self._close(rid)
+        return [done[rid] for rid in ids]
+
+    def _submit(self, prepared: PreparedRequest) -> str:
+        rid = self.engine.enqueue(prepared)
+        self._outboxes[rid] = deque()
+        return rid
+
+    def _next_output(self, rid: str) -> RequestOutput:
+        """The request's next output, stepping the engine (for everyone) while none is waiting."""
+        box = self._outboxes[rid]
+        while not box:
+            if not self.engine.has_unfinished():
+                raise RuntimeError(f"request {rid!r} ended without a final output")
+            for out in self.engine.step():
+                if out.request_id in self._outboxes:
+                    self._outboxes[out.request_id].append(out)
+        return box.popleft()
+
+    def _close(self, rid: str) -> None:
+        """Stops reading a request: cancels it if unfinished and drops its outbox."""
+        self._outboxes.pop(rid, None)
+        self.engine.abort(rid)

@@ -8,7 +8,9 @@ Terms:
 - a sequence's *computed* tokens are those whose K/V are in the cache; its *pending* tokens are
   the rest. A request *samples* in a step when every pending token of every sequence is fed in
   that step: the rows of its last pending token and of its draft tokens then give logits;
-- *step* counts the request's sampling steps; with the seed it keys the request's random numbers.
+- *step* counts the request's sampling steps; with the seed it keys the request's random numbers;
+- its *max_tokens* is SamplingParams.max_tokens lowered so that every sequence stays within the
+  engine's max_model_len (a huge max_tokens means "until the context is full", not an error).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ..sample.logprobs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..spec.metrics import SpecDecodeStats
 
@@ -30,7 +33,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens, or the model's context length
     ABORT = "abort"  # cancelled by the caller
-    ERROR = "error"  # could not be served (e.g. larger than the whole KV cache)
+    ERROR = "error"  # could not be served (larger than the whole KV cache, or it raised); see error
 
 
 @dataclass
@@ -51,7 +54,9 @@ class Request:
     max_speculative_tokens: int
     uncond_token_ids: list[int] | None = None  # CFG companion prefix; None without CFG
     prompt: str | None = None
+    max_tokens: int | None = None  # the effective cap (module docstring); None: params.max_tokens
     output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # aligned with output_token_ids when params.logprobs is set
     text: str = ""
     streamed_chars: int = 0  # text[:streamed_chars] has been handed out in RequestOutputs
     step: int = 0
@@ -62,6 +67,8 @@ class Request:
     seqs: list[Sequence] = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.max_tokens is None:
+            self.max_tokens = self.params.max_tokens
         self.seqs = [Sequence(self.request_id, self.prompt_token_ids)]
         if self.uncond_token_ids is not None:
             self.seqs.append(Sequence(f"{self.request_id}#uncond", self.uncond_token_ids))
@@ -95,4 +102,12 @@ class Request:
 
     @property
     def remaining_tokens(self) -> int:
-        return self.params.max_tokens - len(self.output_token_ids)
+        return self.max_tokens - len(self.output_token_ids)
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether its tokens must not depend on the batch: a seeded sampled request. K decides
+        which random numbers it consumes, so its K comes from its own history alone: never
+        trimmed to fit the step's token budget or the batch's cost (it waits for a step with room
+        instead), and priced at batch size 1 by adaptive K."""
+        return self.params.seed is not None and not self.params.greedy

@@ -20,7 +20,8 @@ from .kv_cache import BlockManager
 class Feed:
     """Tokens one sequence feeds in one forward pass.
 
-    token_ids: written to the cache at positions start, start + 1, ...
+    token_ids: written to the cache at positions start, start + 1, ...; at least one (a sequence
+        with nothing to feed in a pass has no Feed: an empty one has no row to attend from).
     num_logits: how many of its LAST rows need logits (0 for a prefill chunk).
     """
 
@@ -28,6 +29,12 @@ class Feed:
     token_ids: Sequence[int]
     start: int
     num_logits: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_logits <= len(self.token_ids) or not self.token_ids:
+            raise ValueError(f"Feed for seq_id={self.seq_id!r} has {len(self.token_ids)} tokens and "
+                             f"num_logits={self.num_logits}: expected 1 or more tokens and "
+                             "0 <= num_logits <= tokens")
 
 
 class ModelRunner:
@@ -39,7 +46,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, feeds: Sequence[Feed]) -> torch.Tensor:  # [sum(num_logits), V] float32
-        """The caller has already reserved slots for every fed token in the BlockManager."""
+        """The caller has already reserved slots for every fed token in the BlockManager;
+        `feeds` is not empty."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []

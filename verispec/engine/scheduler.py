@@ -8,7 +8,16 @@ Plain Python over the BlockManager. Each step:
    and the cache allow, unless this step had to preempt (admitting would only thrash).
 A prompt longer than the remaining budget is prefilled in chunks. A chunk never completes a
 sequence unless the request samples in that step, so the row of its last pending token is
-always fed together with its drafts. A CFG request's two sequences move as one unit.
+always fed together with its drafts. A CFG request's two sequences move as one unit: their
+chunks are planned together from one budget, and a sequence with nothing to feed in a step
+(its prefill done, or only its last token left) feeds nothing rather than an empty chunk.
+
+K per step: a request's K is capped by its remaining tokens and by what one step can ever hold
+(K + 1 rows per sequence within max_num_batched_tokens), both facts about the request alone.
+Greedy and unseeded requests then give up drafts to fit the budget left by older requests; a
+batch-invariant request (Request.batch_invariant) never does: it samples with its full K or
+not at all in that step (it may still feed a prefill chunk), since a trimmed K would change
+which random numbers it consumes.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
-    failed: list[Request]  # can never fit in the cache; finished with FinishReason.ERROR
+    failed: list[Request]  # can never be served; finished with FinishReason.ERROR and a message
 
 
 class Scheduler:
@@ -59,7 +68,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
-        """Ends a request (in any state) and frees its blocks at once."""
+        """Ends a request (in any state) and frees its blocks at once; `error` says why, exactly
+        when the reason is ERROR."""
+        if (reason is FinishReason.ERROR) != (error is not None):
+            raise ValueError(f"error={error!r} with reason {reason.value}: expected a message exactly for errors")
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
@@ -77,6 +89,8 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING or budget == 0:
                 continue
             plan = self._plan(request, budget)
+            if plan is None:
+                continue
             while not self._fits(request, plan):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -92,12 +106,14 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
-            if not self._can_ever_fit(request):
-                self.finish(request, FinishReason.ERROR, "the request needs more KV-cache blocks than exist")
+            problem = self._never_fits(request)
+            if problem is not None:
+                self.finish(request, FinishReason.ERROR, problem)
                 out.failed.append(request)
                 continue
             plan = self._plan(request, budget)
-            if not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) or not self._fits(request, plan):
+            if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
+                    or not self._fits(request, plan):
                 break
             self.waiting.popleft()
             for seq in request.seqs:
@@ -116,24 +132,30 @@ class Scheduler:
             seq.num_computed += fed + num_accepted
             self.blocks.truncate(seq.seq_id, planned.num_draft_slots - num_accepted)
 
-    def _plan(self, request: Request, budget: int) -> ScheduledRequest:
+    def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
+        """The request's share of a step within `budget` tokens; None when it cannot move."""
         pending = [request.num_pending(s) for s in request.seqs]
         num_seqs = len(pending)
-        if sum(pending) <= budget:
-            k = min(
-                request.num_speculative_tokens,
-                request.remaining_tokens - 1,
-                self.config.max_model_len - request.num_tokens(request.seqs[0]) - 1,
-                (budget - sum(pending)) // num_seqs,
-            )
-            return ScheduledRequest(request, pending, max(k, 0), True)
+        k = self.max_draft_slots(request)
+        spare = budget - sum(pending)
+        if request.batch_invariant:
+            if spare >= k * num_seqs:
+                return ScheduledRequest(request, pending, k, True)
+        elif spare >= 0:
+            return ScheduledRequest(request, pending, min(k, spare // num_seqs), True)
         # Chunked prefill: the companion's (short) history first, never a sequence's last token.
-        num_new = []
-        for p in reversed(pending):
-            fed = min(p - 1, budget)
-            num_new.append(fed)
-            budget -= fed
-        return ScheduledRequest(request, num_new[::-1], 0, False)
+        num_new = [0] * num_seqs
+        for i in reversed(range(num_seqs)):
+            num_new[i] = min(pending[i] - 1, budget)
+            budget -= num_new[i]
+        return ScheduledRequest(request, num_new, 0, False) if sum(num_new) else None
+
+    def max_draft_slots(self, request: Request) -> int:
+        """K for the request's next sampling step before the step's budget is shared out: its
+        adaptive K, capped by its remaining tokens (emitted drafts + 1 bonus must not pass them)
+        and by the largest K whose rows fit one step. Depends on the request alone."""
+        per_step = self.config.max_num_batched_tokens // len(request.seqs) - 1
+        return max(0, min(request.num_speculative_tokens, request.remaining_tokens - 1, per_step))
 
     @staticmethod
     def _cost(plan: ScheduledRequest) -> int:
@@ -151,10 +173,19 @@ class Scheduler:
         for seq, fed in zip(request.seqs, plan.num_new):
             self.blocks.append(seq.seq_id, fed + plan.num_draft_slots)
 
-    def _can_ever_fit(self, request: Request) -> bool:
-        extra = request.params.max_tokens + request.max_speculative_tokens
-        needed = sum(self.blocks.blocks_for(len(s.prefix_token_ids) + extra) for s in request.seqs)
-        return needed <= self.blocks.num_blocks
+    def _never_fits(self, request: Request) -> str | None:
+        """Why the request can never be served (as its error message), or None."""
+        if len(request.seqs) > self.config.max_num_batched_tokens:
+            return (f"classifier-free guidance feeds {len(request.seqs)} sequences per step: "
+                    f"max_num_batched_tokens={self.config.max_num_batched_tokens} is too small")
+        # A sampling step holds prefix + emitted + K slots per sequence, and K <= remaining - 1,
+        # so never more than prefix + max_tokens - 1.
+        tokens = [len(s.prefix_token_ids) + request.max_tokens - 1 for s in request.seqs]
+        needed = sum(self.blocks.blocks_for(t) for t in tokens)
+        if needed > self.blocks.num_blocks:
+            return (f"the request needs {needed} KV-cache blocks ({' + '.join(map(str, tokens))} tokens "
+                    f"at {self.blocks.block_size} per block) but the cache has {self.blocks.num_blocks}")
+        return None
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

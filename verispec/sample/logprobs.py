@@ -12,6 +12,7 @@ never listed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -20,8 +21,6 @@ from .metadata import SamplingMetadata
 from .processors import process_logits
 from .rejection import adjust_rows
 from .types import RejectionOutput
-
-MAX_TOP_LOGPROBS = 20
 
 
 class EmittedLogprobs(NamedTuple):
@@ -40,7 +39,7 @@ def emitted_logprobs(
     sampling: SamplingMetadata,
     out: RejectionOutput,  # what rejection_sample emitted for these inputs
     wanted: list[bool],  # per request: whether it asked for log-probabilities
-    num_top: int,  # n, the alternatives per row (0..MAX_TOP_LOGPROBS)
+    num_top: int,  # n, the alternatives per row (at most SamplingParams' 20)
     uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V] CFG rows, or None
 ) -> EmittedLogprobs:
     device = target_logits.device
@@ -62,3 +61,35 @@ def emitted_logprobs(
     tokens = out.token_ids[request, slot]
     top = logprobs.topk(num_top, dim=-1)
     return EmittedLogprobs(counts, logprobs.gather(1, tokens[:, None])[:, 0], top.indices, top.values)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability and the likeliest alternatives of its row."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # up to n (token id, log-probability), likeliest first
+
+
+def token_logprobs(
+    emitted: EmittedLogprobs,
+    token_ids: list[list[int]],  # per request, its emitted tokens
+    num_top: list[int],  # per request, the alternatives it asked for
+) -> list[list[TokenLogprob] | None]:  # per request; None where it did not ask
+    """Host records of emitted_logprobs, request by request."""
+    values = emitted.token_logprobs.tolist()
+    top_ids, top_values = emitted.top_ids.tolist(), emitted.top_logprobs.tolist()
+    records: list[list[TokenLogprob] | None] = []
+    row = 0
+    for tokens, count, n in zip(token_ids, emitted.num_rows, num_top):
+        if count == 0:
+            records.append(None)
+            continue
+        records.append([
+            TokenLogprob(token, values[r], tuple(
+                (i, v) for i, v in zip(top_ids[r][:n], top_values[r][:n]) if v != float("-inf")))
+            for token, r in zip(tokens, range(row, row + count))
+        ])
+        row += count
+    return records
