@@ -165,10 +165,14 @@ def test_seeded_k_that_never_fits_a_step_is_cut_the_same_in_any_batch() -> None:
     for others in (0, 3):
         sched, _ = make(budget=10, max_seqs=8)
         for i in range(others):
-            sched.add(request(i, 2))
+            sched.add(request(i, 2, max_tokens=3))
         r = seeded(9, 3, k=6, uncond=[5])
         sched.add(r)
         ks = []
         while not r.output_token_ids:
-            ks += [p.num_draft_slots for p in emit(sched) if p.request is r and p.samples]
+            for p in emit(sched):
+                if p.request is r and p.samples:
+                    ks.append(p.num_draft_slots)
+                elif p.request.remaining_tokens <= 0:
+                    sched.finish(p.request, FinishReason.LENGTH)
         assert ks == [4]  # 2 sequences x (4 + 1) rows fill the budget of 10 exactly

@@ -142,7 +142,7 @@ class LLMEngine:
     ) -> PreparedRequest:
         """Validates and encodes a request without queueing it; raises ValueError / TypeError
         naming the bad argument (`name` is what the prompt is called in that message).
-        add_special_tokens=False: text whose chat template wrote its own BOS."""
+        add_special_tokens=False: a prompt text whose chat template wrote its own BOS."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params is {type(params).__name__}: expected SamplingParams")
@@ -150,8 +150,8 @@ class LLMEngine:
         text, ids = self._encode(name, prompt, add_special_tokens)
         uncond = None
         if params.uses_cfg:
-            uncond = self._encode("negative_prompt", params.negative_prompt, add_special_tokens)[1] \
-                if params.negative_prompt else ids[-1:]
+            # Plain text, not rendered by a chat template: encoded as the model expects (with BOS).
+            uncond = self._encode("negative_prompt", params.negative_prompt)[1] if params.negative_prompt else ids[-1:]
         for what, tokens in ((name, ids), ("negative_prompt", uncond or [])):
             if len(tokens) >= self.config.max_model_len:
                 raise ValueError(f"{what} has {len(tokens)} tokens: expected fewer than "

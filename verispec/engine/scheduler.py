@@ -17,7 +17,8 @@ K per step: a request's K is capped by its remaining tokens and by what one step
 Greedy and unseeded requests then give up drafts to fit the budget left by older requests; a
 batch-invariant request (Request.batch_invariant) never does: it samples with its full K or
 not at all in that step (it may still feed a prefill chunk), since a trimmed K would change
-which random numbers it consumes.
+which random numbers it consumes. It waits only for older requests (running requests are served
+oldest first), so it waits at most until they finish.
 """
 
 from __future__ import annotations
