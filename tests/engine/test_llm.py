@@ -47,6 +47,8 @@ def test_a_bad_prompt_queues_nothing(llm) -> None:
         llm.generate(["the", "the", [99999]], GREEDY, use_tqdm=False)
     with pytest.raises(TypeError, match=r"prompts\[1\]=\{'text': 'the'\} is a dict"):
         llm.generate(["the", {"text": "the"}], GREEDY, use_tqdm=False)
+    with pytest.raises(TypeError, match=r"prompts is a dict"):  # not read as a list of its keys
+        llm.generate({"the": 1}, GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished()
     (out,) = llm.generate("the", GREEDY, use_tqdm=False)
     assert out.finish_reason == "length"

@@ -156,8 +156,10 @@ class LLM:
         use_tqdm: bool,
         add_special_tokens: bool,
     ) -> list[RequestOutput]:
-        single = isinstance(prompts, str) or (
-            isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], int))
+        if not isinstance(prompts, (str, list, tuple)):
+            raise TypeError(f"prompts is a {type(prompts).__name__}: expected a str, a list of token ids, "
+                            "or a list of those")
+        single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
         batch = [prompts] if single else list(prompts)
         if not batch:
             raise ValueError("prompts is empty: expected at least one prompt")
