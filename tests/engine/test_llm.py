@@ -104,3 +104,10 @@ def test_max_model_len_must_fit_the_model(checkpoint) -> None:
     with pytest.raises(ValueError, match="max_model_len=257 is invalid: expected at most 256"):
         LLM(checkpoint, max_model_len=257, kv_cache_gib=0.001, progress=False)
     assert LLM(checkpoint, max_model_len=256, kv_cache_gib=0.001, progress=False).engine.config.max_model_len == 256
+
+
+def test_zero_speculative_tokens_turns_drafting_off(checkpoint) -> None:
+    llm = LLM(checkpoint, num_speculative_tokens=0, kv_cache_gib=0.001, progress=False)
+    assert llm.engine.drafter is None
+    (out,) = llm.generate("the winter", GREEDY, use_tqdm=False)
+    assert len(out.token_ids) == GREEDY.max_tokens and out.stats.num_draft_tokens == 0

@@ -54,7 +54,8 @@ class LLM:
         Face checkpoint directory.
     draft: "ngram" (prompt lookup, the default), "none", or a draft model (path as for `model`)
         that shares the target's tokenizer.
-    num_speculative_tokens: K, the most draft tokens verified per request per step.
+    num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
+        speculation off, whatever `draft` names.
     kv_cache_gib: memory for each model's paged KV cache.
     """
 
@@ -75,7 +76,8 @@ class LLM:
         torch_dtype = resolve_dtype(dtype)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib={kv_cache_gib!r} is invalid: expected a number > 0")
-        method = "none" if draft in (None, "none") else "ngram" if draft == "ngram" else "draft_model"
+        no_drafts = draft in (None, "none") or num_speculative_tokens == 0  # K = 0: no drafter to load
+        method = "none" if no_drafts else "ngram" if draft == "ngram" else "draft_model"
         spec = SpeculativeConfig(
             method=method,
             num_speculative_tokens=num_speculative_tokens,
