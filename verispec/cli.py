@@ -3,6 +3,7 @@
     verispec generate "Write a haiku about the sea"          # chat template, n-gram drafts
     verispec generate --temperature 0 -k 8 "Repeat: ..."       # greedy, up to 8 drafts per step
     verispec generate --draft none --no-chat "Once upon a time"
+    verispec serve --port 8000                                  # OpenAI-compatible HTTP server
 """
 
 from __future__ import annotations
@@ -77,7 +78,50 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap the prompt in the model's chat template (default: on)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_serve_parser(sub)
     return parser
+
+
+SERVE_EPILOG = """\
+Any OpenAI client works; point it at http://HOST:PORT/v1, e.g.
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.chat.completions.create(model="verispec", messages=[{"role": "user", "content": "Hi"}],
+                                   extra_body={"top_k": 50, "num_speculative_tokens": 3})
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: true for server-sent
+events), GET /v1/models, GET /health, GET /metrics (Prometheus). Beyond OpenAI's fields, requests
+accept top_k, min_p, repetition_penalty, guidance_scale, negative_prompt, ignore_eos and
+num_speculative_tokens (per-request K, 0 turns speculation off for that request). Concurrent
+requests share every engine step; speculation stays exact, so a request's output does not
+depend on its K or on what else is being served.
+"""
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve one model over an OpenAI-compatible HTTP API (completions and chat, streamed or not).",
+        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--model", default=None,
+                       help="a .gguf file or Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--draft", default="ngram",
+                       help="'ngram' (prompt lookup, default), 'none', or a draft model path sharing the tokenizer")
+    serve.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K",
+                       help="most draft tokens verified per step; a request's num_speculative_tokens overrides it (default: 5)")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="weights and KV cache (default: float32)")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    serve.add_argument("--served-model-name", default="verispec",
+                       help="the name clients pass as `model` (default: verispec)")
+    serve.add_argument("--max-num-seqs", type=int, default=64,
+                       help="most requests generated at once; more wait in the queue (default: 64)")
+    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def _bias_entry(text: str) -> tuple[int, float]:
@@ -110,15 +154,33 @@ def stream_to_stdout(llm: LLM, prompt: str | list[int],
     return last, time.perf_counter() - start
 
 
-def generate(args: argparse.Namespace) -> int:
+def _set_threads(threads: int | None) -> None:
     import torch
 
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads={threads} is invalid: expected an integer >= 1")
+        torch.set_num_threads(threads)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .engine.llm import LLM
+    from .serve import build_app
+
+    _set_threads(args.threads)
+    print("loading model ...", file=sys.stderr, flush=True)
+    llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
+              dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs)
+    uvicorn.run(build_app(llm, args.served_model_name), host=args.host, port=args.port)
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
     from .engine.llm import LLM
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads={args.threads} is invalid: expected an integer >= 1")
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
@@ -163,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     try:
-        return generate(args)
+        return serve(args) if args.command == "serve" else generate(args)
     except (*_USER_ERRORS, torch.OutOfMemoryError) as err:
         print(f"verispec: error: {str(err) or type(err).__name__}", file=sys.stderr)
         return 2

@@ -1,0 +1,70 @@
+"""A real server (uvicorn on 127.0.0.1, a free port, in a thread) over a tiny random checkpoint
+with a chat template, and OpenAI's client pointed at it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import uvicorn
+
+from verispec import LLM
+from verispec.model import Tokenizer
+from verispec.model.gguf_vocab import build_bpe_tokenizer
+from verispec.serve import build_app
+
+from ..engine.test_llm import BOS_TEMPLATE
+from ..model.conftest import make_hf_tiny, tiny_vocab
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> str:
+    directory = tmp_path_factory.mktemp("serve-tiny")
+    make_hf_tiny(tied=False).save_pretrained(directory)
+    tokens, types, merges = tiny_vocab()
+    backend = build_bpe_tokenizer("gpt2", "llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
+    Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
+    return str(directory)
+
+
+def make_llm(checkpoint: str) -> LLM:
+    return LLM(checkpoint, num_speculative_tokens=3, kv_cache_gib=0.002, max_num_batched_tokens=256,
+               progress=False)
+
+
+@pytest.fixture(scope="session")
+def server(checkpoint):
+    """(base url, the LLM the server runs); the server is shut down at the end of the session."""
+    llm = make_llm(checkpoint)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(llm, MODEL), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", llm
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint) -> LLM:
+    """A second LLM of the same checkpoint, run directly (offline API)."""
+    return make_llm(checkpoint)

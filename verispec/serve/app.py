@@ -1,0 +1,179 @@
+"""The OpenAI-compatible HTTP server: build_app(llm, model_name) -> FastAPI.
+
+POST /v1/completions, POST /v1/chat/completions (stream: true gives server-sent events
+`data: {...}` ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics.
+
+A request's n samples (and, for completions, its prompts) are queued together and share engine
+steps with every other request in flight. A client that disconnects has its requests aborted
+before the next engine step, which frees their KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..engine.engine import RequestOutput
+from ..engine.llm import LLM
+from .async_engine import AsyncEngine, EngineStepError, Submission
+from .errors import APIError, install_error_handlers
+from .metrics import ServeMetrics
+from .protocol import DEFAULT_COMPLETION_TOKENS, ChatRequest, CompletionRequest, invalid, sampling_params
+from .responses import Formatter, usage
+
+_DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+def build_app(llm: LLM, model_name: str) -> FastAPI:
+    metrics = ServeMetrics(llm.engine)
+    engine = AsyncEngine(llm.engine, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="verispec", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    install_error_handlers(app)
+
+    def submissions(body: CompletionRequest | ChatRequest, prompts: list[str | list[int]], chat: bool,
+                    request_id: str) -> list[Submission]:
+        if body.model != model_name:
+            raise APIError(f"model={body.model!r} is not served here: expected {model_name!r}", "model",
+                           code="model_not_found")
+        default_max = llm.engine.config.max_model_len if chat else DEFAULT_COMPLETION_TOKENS
+        params = [sampling_params(body, i, default_max) for i in range(body.n)]
+        name = "messages" if chat else "prompt"
+        return [Submission(f"{request_id}-{p}-{i}", prompt, params[i], body.num_speculative_tokens,
+                           name=name if len(prompts) == 1 else f"{name}[{p}]", add_special_tokens=not chat)
+                for p, prompt in enumerate(prompts) for i in range(body.n)]
+
+    async def respond(http: Request, body: CompletionRequest | ChatRequest,
+                      prompts: list[str | list[int]], chat: bool) -> Response:
+        fmt = Formatter(chat, model_name, llm.tokenizer)
+        outputs = engine.generate(submissions(body, prompts, chat, fmt.id))
+        try:
+            first = await outputs.__anext__()
+        except (ValueError, TypeError) as error:
+            raise invalid(error) from None
+        except EngineStepError as error:
+            raise APIError(str(error), status=500) from None
+        except StopAsyncIteration:
+            raise APIError("the request produced no output", status=500) from None
+        if body.stream:
+            return StreamingResponse(_events(fmt, first, outputs, body.include_usage, body.n),
+                                     media_type="text/event-stream")
+        task = asyncio.ensure_future(_collect(first, outputs))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+                if not task.done() and await http.is_disconnected():
+                    task.cancel()
+        finally:
+            if not task.done():  # this handler itself was cancelled
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        finals = task.result()
+        for out in finals:
+            if out.finish_reason == "error":
+                raise APIError(f"generation failed: {out.error}", status=500)
+        return JSONResponse(fmt.whole(list(enumerate(finals)), _usage(finals, body.n)))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: Request) -> Response:
+        return await respond(http, body, body.prompts(), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: Request) -> Response:
+        if not body.messages:
+            raise APIError("messages is empty: expected at least one message", "messages")
+        try:
+            prompt = llm.tokenizer.apply_chat_template([m.as_dict() for m in body.messages],
+                                                       add_generation_prompt=True)
+        except Exception as error:  # a template's own error (raise_exception, bad roles)
+            raise APIError(f"messages could not be rendered by the chat template: {error}", "messages") from None
+        return await respond(http, body, [prompt], chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "verispec"}]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+async def _collect(first: tuple[int, RequestOutput],
+                   outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[RequestOutput]:
+    """Every request's final output, in submission order; closing `outputs` aborts the rest."""
+    finals: dict[int, RequestOutput] = {}
+    try:
+        index, out = first
+        while True:
+            if out.finished:
+                finals[index] = out
+            try:
+                index, out = await outputs.__anext__()
+            except StopAsyncIteration:
+                return [finals[i] for i in sorted(finals)]
+    finally:
+        await outputs.aclose()
+
+
+async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
+                  outputs: AsyncIterator[tuple[int, RequestOutput]], include_usage: bool,
+                  n: int) -> AsyncIterator[str]:
+    """Server-sent events of a stream; a failure mid-stream is sent as an error event. Cancelled
+    (the client left) or not, closing `outputs` aborts what is unfinished."""
+    finals: dict[int, RequestOutput] = {}
+    try:
+        index, out = first
+        while True:
+            if out.finished:
+                finals[index] = out
+            if out.finish_reason == "error":
+                yield _event(APIError(f"generation failed: {out.error}", status=500).body())
+                return
+            if out.new_text or out.new_logprobs or out.finished:
+                yield _event(fmt.chunk(index, out))
+            try:
+                index, out = await outputs.__anext__()
+            except StopAsyncIteration:
+                break
+        if include_usage:
+            yield _event(fmt.usage_chunk(_usage([finals[i] for i in sorted(finals)], n)))
+        yield "data: [DONE]\n\n"
+    except EngineStepError as error:
+        yield _event(APIError(str(error), status=500).body())
+    finally:
+        await outputs.aclose()
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _usage(finals: list[RequestOutput], n: int) -> dict[str, int]:
+    """The prompt counted once per prompt (not per sample, as OpenAI does), every sample's tokens."""
+    prompt = sum(len(out.prompt_token_ids) for i, out in enumerate(finals) if i % n == 0)
+    return usage(prompt, sum(len(out.token_ids) for out in finals))

@@ -1,0 +1,92 @@
+"""Response bodies and stream chunks in OpenAI's shapes, for both endpoints."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from ..engine.engine import RequestOutput
+from ..model import Tokenizer
+from ..sample.logprobs import TokenLogprob
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class Formatter:
+    """Builds one response's bodies: a chat completion or a (text) completion, whole or as chunks.
+
+    Completion choices carry `text` and legacy logprobs (tokens, token_logprobs, top_logprobs,
+    text_offset); chat choices carry a `message` (whole) or a `delta` (chunk) and logprobs as
+    {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}.
+    """
+
+    def __init__(self, chat: bool, model: str, tokenizer: Tokenizer) -> None:
+        self.chat = chat
+        self.model = model
+        self.tokenizer = tokenizer
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self._offsets: dict[int, int] = {}  # completions: per choice, characters sent so far
+        self._started: set[int] = set()  # chat streams: choices whose role was sent
+
+    def whole(self, choices: list[tuple[int, RequestOutput]], usage_: dict[str, int]) -> dict:
+        body = [self._choice(i, out.text, out.logprobs, out.finish_reason, whole=True) for i, out in choices]
+        return self._envelope("chat.completion" if self.chat else "text_completion", body) | {"usage": usage_}
+
+    def chunk(self, index: int, out: RequestOutput) -> dict:
+        choice = self._choice(index, out.new_text, out.new_logprobs, out.finish_reason if out.finished else None,
+                              whole=False)
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def usage_chunk(self, usage_: dict[str, int]) -> dict:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {"usage": usage_}
+
+    def _envelope(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def _choice(self, index: int, text: str, records: list[TokenLogprob] | None, finish_reason: str | None,
+                whole: bool) -> dict:
+        choice: dict = {"index": index}
+        if not self.chat:
+            choice["text"] = text
+        elif whole:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["delta"] = {"content": text}
+            if index not in self._started:
+                self._started.add(index)
+                choice["delta"]["role"] = "assistant"
+        choice["logprobs"] = None if records is None else (
+            self._chat_logprobs(records) if self.chat else self._completion_logprobs(index, records))
+        choice["finish_reason"] = finish_reason
+        return choice
+
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _chat_logprobs(self, records: list[TokenLogprob]) -> dict:
+        def entry(token_id: int, logprob: float) -> dict:
+            token = self._token(token_id)
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {"content": [entry(r.token_id, r.logprob) | {"top_logprobs": [entry(i, v) for i, v in r.top]}
+                            for r in records]}
+
+    def _completion_logprobs(self, index: int, records: list[TokenLogprob]) -> dict:
+        tokens = [self._token(r.token_id) for r in records]
+        offsets = []
+        offset = self._offsets.get(index, 0)
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        self._offsets[index] = offset
+        return {"tokens": tokens, "token_logprobs": [r.logprob for r in records],
+                "top_logprobs": [{self._token(i): v for i, v in r.top} for r in records],
+                "text_offset": offsets}
