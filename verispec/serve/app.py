@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.engine import RequestOutput
 from ..engine.llm import LLM
+from ..spec.metrics import SpecDecodeStats
 from .async_engine import AsyncEngine, EngineStepError, Submission
 from .errors import APIError, install_error_handlers
 from .metrics import ServeMetrics
@@ -90,7 +91,8 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         for out in finals:
             if out.finish_reason == "error":
                 raise APIError(f"generation failed: {out.error}", status=500)
-        return JSONResponse(fmt.whole(list(enumerate(finals)), _usage(finals, body.n)))
+        return JSONResponse(fmt.whole(list(enumerate(finals)), _usage(finals, body.n))
+                            | {"spec_decode_stats": _spec_stats(finals)})
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request) -> Response:
@@ -171,6 +173,14 @@ async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
 
 def _event(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
+
+
+def _spec_stats(finals: list[RequestOutput]) -> dict[str, int | float | list[float]]:
+    """An extension field: the speculative verification of all choices together."""
+    total = SpecDecodeStats()
+    for out in finals:
+        total.merge(out.stats)
+    return total.summary()
 
 
 def _usage(finals: list[RequestOutput], n: int) -> dict[str, int]:
