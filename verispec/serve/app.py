@@ -53,6 +53,8 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         if body.model != model_name:
             raise APIError(f"model={body.model!r} is not served here: expected {model_name!r}", "model",
                            code="model_not_found")
+        if body.n < 1:
+            raise APIError(f"n={body.n} is invalid: expected an integer >= 1", "n")
         default_max = llm.engine.config.max_model_len if chat else DEFAULT_COMPLETION_TOKENS
         params = [sampling_params(body, i, default_max) for i in range(body.n)]
         name = "messages" if chat else "prompt"

@@ -107,8 +107,6 @@ def sampling_params(request: CompletionRequest | ChatRequest, index: int, defaul
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
     else:
         logprobs = request.logprobs
-    if request.n < 1:
-        raise APIError(f"n={request.n} is invalid: expected an integer >= 1", "n")
     bias = None
     if request.logit_bias is not None:
         try:
