@@ -62,3 +62,19 @@ def test_the_client_sees_a_bad_request_and_the_server_still_answers(client, serv
                                          extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 3
     assert server[1].engine.blocks.num_free_blocks == server[1].engine.blocks.num_blocks
+
+
+def test_a_failing_step_fails_the_requests_in_flight_and_the_server_goes_on(client, server, monkeypatch) -> None:
+    engine = server[1].engine
+    step = engine.step
+
+    def fails_once() -> list:
+        monkeypatch.setattr(engine, "step", step)
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "step", fails_once)
+    with pytest.raises(openai.InternalServerError, match="device lost"):
+        client.completions.create(model=MODEL, prompt="the", max_tokens=4)
+    out = client.completions.create(model=MODEL, prompt="the", max_tokens=4, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 4
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks and not engine.has_unfinished()
