@@ -3,9 +3,11 @@ with a chat template, and OpenAI's client pointed at it."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -37,26 +39,34 @@ def make_llm(checkpoint: str) -> LLM:
                progress=False)
 
 
+@contextlib.contextmanager
+def serving(llm: LLM, model_name: str) -> Iterator[str]:
+    """Serves `llm` on 127.0.0.1 and a free port in a thread; yields the base url; always shuts
+    the server down."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(llm, model_name), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def server(checkpoint):
     """(base url, the LLM the server runs); the server is shut down at the end of the session."""
     llm = make_llm(checkpoint)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(llm, MODEL), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", llm
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serving(llm, MODEL) as url:
+        yield url, llm
 
 
 @pytest.fixture(scope="session")

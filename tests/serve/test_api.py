@@ -70,7 +70,7 @@ def test_a_list_of_prompts_gives_one_choice_each(client) -> None:
 
 
 def test_chat_logprobs_have_the_requested_alternatives(client) -> None:
-    got = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, logprobs=True,
+    got = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, logprobs=True, temperature=0,
                                          top_logprobs=3, extra_body=EXTRA)
     content = got.choices[0].logprobs.content
     assert len(content) == 6

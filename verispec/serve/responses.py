@@ -68,19 +68,22 @@ class Formatter:
         choice["finish_reason"] = finish_reason
         return choice
 
-    def _token(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+    def _token(self, token_id: int, emitted: bool = False) -> str:
+        """An emitted token reads as it does in the text (special tokens are left out of both,
+        so the tokens join into the text and text_offset indexes it); an alternative shows its
+        name."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=emitted)
 
     def _chat_logprobs(self, records: list[TokenLogprob]) -> dict:
-        def entry(token_id: int, logprob: float) -> dict:
-            token = self._token(token_id)
+        def entry(token_id: int, logprob: float, emitted: bool = False) -> dict:
+            token = self._token(token_id, emitted)
             return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
-        return {"content": [entry(r.token_id, r.logprob) | {"top_logprobs": [entry(i, v) for i, v in r.top]}
+        return {"content": [entry(r.token_id, r.logprob, True) | {"top_logprobs": [entry(i, v) for i, v in r.top]}
                             for r in records]}
 
     def _completion_logprobs(self, index: int, records: list[TokenLogprob]) -> dict:
-        tokens = [self._token(r.token_id) for r in records]
+        tokens = [self._token(r.token_id, emitted=True) for r in records]
         offsets = []
         offset = self._offsets.get(index, 0)
         for token in tokens:
