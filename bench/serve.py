@@ -1,0 +1,171 @@
+"""Serving on the embedded default model: `verispec serve` against `transformers serve`.
+
+Each server runs as its own process on 127.0.0.1 with the same thread count, on the same weights
+(the dequantized SmolLM2-135M-Instruct checkpoint verispec caches) and the same chat prompts,
+greedy, streamed. For concurrency 1, 4 and 16 clients (threads, each sending its share of the
+requests back to back) it measures requests/s, output tokens/s (completions re-tokenized with the
+model's tokenizer, so both servers are counted alike), time to first token and inter-chunk
+latency (p50 / p99). Servers: verispec without speculation, verispec with n-gram drafts,
+transformers serve (with continuous batching when --hf-cb). Prints a table with the ratio to
+transformers, writes JSON.
+
+    python bench/serve.py                          # 16 requests per level, 64 tokens each
+    python bench/serve.py --requests 8 --max-tokens 32 --concurrency 1 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx2
+import openai
+import torch
+from common import write_json
+
+from verispec.model.loader import converted_checkpoint_dir
+from verispec.model.tokenizer import Tokenizer
+
+PROMPTS = [
+    "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog.",
+    "Write a short story about a lighthouse keeper.",
+    "List the planets of the solar system in order.",
+    "Explain what a hash table is in two sentences.",
+    "Copy this list: apples, pears, plums, apples, pears, plums, apples, pears, plums.",
+    "Give three tips for learning a new language.",
+    "What is the capital of France, and why is it famous?",
+    "Write a haiku about the sea.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name: str, threads: int, hf_cb: bool) -> tuple[subprocess.Popen, str, str]:
+    """(process, base url, model name) of a server that answers /health."""
+    port = free_port()
+    checkpoint = str(converted_checkpoint_dir())
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    bin_dir = Path(sys.executable).parent
+    if name.startswith("verispec"):
+        draft = "ngram" if name.endswith("ngram") else "none"
+        command = [str(bin_dir / "verispec"), "serve", "--port", str(port), "--threads", str(threads),
+                   "--draft", draft, "--served-model-name", "smollm2"]
+        model = "smollm2"
+    else:
+        command = [str(bin_dir / "transformers"), "serve", checkpoint, "--port", str(port)]
+        command += ["--continuous-batching"] if hf_cb else []
+        model = checkpoint
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited: {process.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx2.get(url + "/health", timeout=2).status_code == 200:
+                return process, url, model
+        except httpx2.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"{name} did not start")
+        time.sleep(1)
+
+
+def one_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> dict:
+    start = time.perf_counter()
+    arrivals = []
+    text = ""
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=max_tokens, temperature=0, stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.perf_counter())
+            text += chunk.choices[0].delta.content
+    return {"start": start, "arrivals": arrivals, "text": text}
+
+
+def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> list[dict]:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def worker(index: int) -> None:
+        for i in range(index, requests, concurrency):
+            result = one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+            with lock:
+                results.append(result)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def summarise(results: list[dict], wall: float, tokenizer: Tokenizer) -> dict:
+    tokens = sum(len(tokenizer.encode(r["text"], add_special_tokens=False)) for r in results)
+    ttft = [r["arrivals"][0] - r["start"] for r in results if r["arrivals"]]
+    gaps = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
+
+    def pct(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100)[q - 1] * 1e3 if len(values) > 1 else float("nan")
+
+    return {
+        "requests_per_s": len(results) / wall, "output_tok_per_s": tokens / wall,
+        "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
+        "itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--servers", nargs="+", default=["verispec", "verispec-ngram", "transformers"])
+    parser.add_argument("--hf-cb", action="store_true", help="transformers serve --continuous-batching")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serve.json")
+    args = parser.parse_args()
+    tokenizer = Tokenizer.from_directory(converted_checkpoint_dir())
+    rows = []
+    for name in args.servers:
+        process, url, model = start(name, args.threads, args.hf_cb)
+        try:
+            run_level(url, model, 1, 1, 8)  # warm-up: first-request costs are not serving costs
+            for concurrency in args.concurrency:
+                started = time.perf_counter()
+                results = run_level(url, model, concurrency, args.requests, args.max_tokens)
+                rows.append({"server": name, "concurrency": concurrency,
+                             **summarise(results, time.perf_counter() - started, tokenizer)})
+                print(rows[-1], flush=True)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    baseline = {r["concurrency"]: r["output_tok_per_s"] for r in rows if r["server"] == "transformers"}
+    print(f"\n{'server':<16}{'conc':>5}{'req/s':>8}{'tok/s':>9}{'vs HF':>7}{'TTFT p50':>10}{'p99':>8}"
+          f"{'ITL p50':>9}{'p99':>8}   (ms)")
+    for r in rows:
+        ratio = r["output_tok_per_s"] / baseline[r["concurrency"]] if r["concurrency"] in baseline else float("nan")
+        print(f"{r['server']:<16}{r['concurrency']:>5}{r['requests_per_s']:>8.2f}{r['output_tok_per_s']:>9.1f}"
+              f"{ratio:>7.2f}{r['ttft_p50_ms']:>10.0f}{r['ttft_p99_ms']:>8.0f}{r['itl_p50_ms']:>9.1f}"
+              f"{r['itl_p99_ms']:>8.1f}")
+    write_json(args.out, torch.device("cpu"), rows, requests=args.requests, max_tokens=args.max_tokens,
+               hf_continuous_batching=args.hf_cb)
+
+
+if __name__ == "__main__":
+    main()
