@@ -21,7 +21,7 @@ from typing import Callable
 import pytest
 import torch
 
-from verispec import SamplingMetadata, SamplingParams
+from verispec import LLM, SamplingMetadata, SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.sample import DraftLogits, DraftProbs, block, rejection_sample
@@ -336,6 +336,12 @@ def test_bad_verification_is_a_named_error() -> None:
         rejection_sample(target, ids, cu, sampling, draft=draft, verification="chain")
     with pytest.raises(ValueError, match="verification='chain'"):
         SpeculativeConfig(verification="chain")
+
+
+def test_llm_passes_verification_to_its_config(tmp_path) -> None:
+    # No model exists at the path: the config's message shows the keyword reached it first.
+    with pytest.raises(ValueError, match="verification='chain' is invalid"):
+        LLM(str(tmp_path / "missing"), verification="chain", progress=False)
 
 
 def test_engine_greedy_block_equals_plain(monkeypatch) -> None:
