@@ -24,7 +24,7 @@ import torch
 from verispec import LLM, SamplingMetadata, SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
-from verispec.sample import DraftLogits, DraftProbs, block, rejection_sample
+from verispec.sample import DraftProbs, block, rejection_sample
 from verispec.spec.ngram import NgramDrafter
 
 from ..stats import chi_square
@@ -258,6 +258,41 @@ def test_implementation_emits_the_block_rules_sequences(kind: str) -> None:
         assert not chi_square(samples, probs["token"]).passed
 
 
+def _fixed_block_outcomes(monkeypatch, wrong_residual: bool):
+    """Many requests verifying one fixed block x (K = 3, V = 4): their (tau, y) against the block
+    rule's exact distribution given x (every tau, every residual)."""
+    vocab, k, n = 4, 3, N
+    # The drafter overrates token 0, so w_tau < 1 after accepted drafts, and the block rule's
+    # residual (w p - q)+ differs from the token-wise (p - q)+.
+    x = (0, 0, 0)
+    ps = [torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)] * (k + 1)
+    qs = [torch.tensor([0.6, 0.2, 0.1, 0.1], dtype=torch.float64)] * k
+    expected = torch.zeros((k + 1) * vocab, dtype=torch.float64)
+    for t, (prob, final) in enumerate(block_rule(ps, qs, x)):
+        expected[t * vocab: (t + 1) * vocab] = prob * final
+    if wrong_residual:  # the token-wise residual max(p - q, 0) at every tau
+        original = block._sample_final
+        monkeypatch.setattr(block, "_sample_final",
+                            lambda p_, q_, ids, w, *rest: original(p_, q_, ids, torch.ones_like(w), *rest))
+    target = torch.stack(ps).float().log().repeat(n, 1)
+    out = rejection_sample(target, torch.tensor(x).repeat(n), torch.arange(n + 1) * k,
+                           SamplingMetadata.from_params([SamplingParams()] * n, seeds=list(range(n))),
+                           draft=DraftProbs(torch.stack(qs).float().repeat(n, 1)), verification="block")
+    tau = out.num_accepted
+    return chi_square(tau * vocab + out.token_ids[torch.arange(n), tau], expected)
+
+
+def test_fixed_block_follows_the_rule_at_every_tau(monkeypatch) -> None:
+    assert _fixed_block_outcomes(monkeypatch, wrong_residual=False).passed
+
+
+def test_wrong_residual_fails_the_fixed_block_statistic(monkeypatch) -> None:
+    """Power: the token-wise residual max(p - q, 0) after an accepted prefix is caught (it
+    even draws a token the block rule never emits there, which chi_square asserts against)."""
+    with pytest.raises(AssertionError):
+        assert _fixed_block_outcomes(monkeypatch, wrong_residual=True).passed
+
+
 def test_wrong_block_stopping_rule_fails_the_statistic(monkeypatch) -> None:
     """Power: the block rule stopping at the first failed test instead of the last passed one
     is caught."""
@@ -336,6 +371,18 @@ def test_bad_verification_is_a_named_error() -> None:
         rejection_sample(target, ids, cu, sampling, draft=draft, verification="chain")
     with pytest.raises(ValueError, match="verification='chain'"):
         SpeculativeConfig(verification="chain")
+
+
+def test_block_runs_natively_whatever_the_backend() -> None:
+    """The kernels implement token-wise verification only: backend="triton" runs the same native
+    block path (on CPU tensors too), while a bad backend name is still an error."""
+    n, k = 8, 3
+    target, ids, cu, sampling, draft = _batch(n, k, [SamplingParams()] * n, list(range(n)), seed=5)
+    native = rejection_sample(target, ids, cu, sampling, draft=draft, verification="block", backend="native")
+    triton = rejection_sample(target, ids, cu, sampling, draft=draft, verification="block", backend="triton")
+    assert torch.equal(native.token_ids, triton.token_ids)
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        rejection_sample(target, ids, cu, sampling, draft=draft, verification="block", backend="cuda")
 
 
 def test_llm_passes_verification_to_its_config(tmp_path) -> None:
