@@ -196,10 +196,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("params,kind", CASES, ids=[f"{k}-{p.temperature}-{p.top_k}-{p.top_p}-{p.guidance_scale}"
-                                                    for p, k in CASES])
+PENALISED = [  # rejection_sample's pre-stage adjusts the rows before the block verifier reads them
+    (SamplingParams(presence_penalty=1.5, repetition_penalty=1.3), "repeat"),
+    (SamplingParams(frequency_penalty=0.8, logit_bias={1: 1.0}, temperature=0.8), "logits"),
+]
+
+
+@pytest.mark.parametrize("params,kind", CASES + PENALISED,
+                         ids=[f"{k}-{p.temperature}-{p.top_k}-{p.top_p}-{p.guidance_scale}-{p.presence_penalty}"
+                              f"-{p.frequency_penalty}" for p, k in CASES + PENALISED])
 def test_block_emitted_tokens_follow_target(params: SamplingParams, kind: str) -> None:
-    world = World(params, kind, seed=20 + len(kind))
+    world = World(params, kind, seed=20 + len(kind), prompt=(2, 5), output=(1, 3, 1))
     for name, result in world.tests(N, sampler=block_sampler).items():
         assert result.passed, f"{name}: {result}"
 
