@@ -40,6 +40,9 @@ class SpeculativeConfig:
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
         pass's fixed cost (about 0.1 for the default model on CPU; a draft model's own cost per
         token adds to it).
+    verification: how drafts are verified, both exact: "token" (accept draft by draft, stop at
+        the first rejection) or "block" (Sun et al. 2024: judge the drafts as a block; never
+        fewer accepted drafts in expectation; verispec/sample/block.py).
     """
 
     method: str = "none"
@@ -49,6 +52,7 @@ class SpeculativeConfig:
     ngram_max: int = 3
     adaptive: bool = True
     row_cost: float = 0.1
+    verification: str = "token"
 
     def __post_init__(self) -> None:
         _require(self.method in ("ngram", "draft_model", "none"), "method", self.method,
@@ -64,6 +68,8 @@ class SpeculativeConfig:
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
         _require(isinstance(self.row_cost, (int, float)) and self.row_cost > 0,
                  "row_cost", self.row_cost, "a number > 0")
+        _require(self.verification in ("token", "block"), "verification", self.verification,
+                 "'token' or 'block'")
 
     @property
     def enabled(self) -> bool:

@@ -377,6 +377,7 @@ class LLMEngine:
             uncond_logits=uncond,
             max_num_draft_tokens=max(counts),
             validate=False,
+            verification=self.config.speculative.verification,
         )
         tokens = [row[: a + 1] for row, a in zip(out.token_ids.tolist(), out.num_accepted.tolist())]
         asked = [p.request.params.logprobs for p in sampling]

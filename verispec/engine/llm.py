@@ -56,6 +56,7 @@ class LLM:
         that shares the target's tokenizer.
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
         speculation off, whatever `draft` names.
+    verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
     kv_cache_gib: memory for each model's paged KV cache.
     """
 
@@ -72,6 +73,7 @@ class LLM:
         kv_cache_gib: float = 1.0,
         block_size: int = 16,
         progress: bool = True,
+        verification: str = "token",
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
@@ -82,6 +84,7 @@ class LLM:
             method=method,
             num_speculative_tokens=num_speculative_tokens,
             draft_model=draft if method == "draft_model" else None,
+            verification=verification,
         )
         # Everything but the model's limits is checked before the (slow) load.
         limits = EngineConfig(

@@ -40,6 +40,7 @@ from .rng import ACCEPT, SAMPLE, uniform
 from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs, RejectionOutput
 
 BACKENDS = ("native", "triton")
+VERIFICATIONS = ("token", "block")
 BACKEND_ENV = "VERISPEC_SAMPLER_BACKEND"  # forces the default backend, e.g. for tests
 
 
@@ -53,6 +54,7 @@ def rejection_sample(
     max_num_draft_tokens: int | None = None,
     validate: bool = True,
     backend: str | None = None,
+    verification: str = "token",
 ) -> RejectionOutput:
     """Verify every request's drafts against its target rows and emit tokens.
 
@@ -61,7 +63,12 @@ def rejection_sample(
     uses CFG (guidance_scale != 1); its rows for other requests are ignored. `validate` checks
     values too (NaN / +inf logits, ids out of range, offsets), which reads the tensors.
     `backend` is "native" or "triton"; None takes default_backend(target_logits.device.type).
+    `verification` is "token" (stop at the first rejected draft) or "block" (Sun et al. 2024,
+    verispec.sample.block: never fewer accepted drafts in expectation); "block" runs natively
+    whatever the backend, as the Triton kernels implement "token" only.
     """
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification={verification!r} is invalid: expected one of {VERIFICATIONS}")
     if validate:
         max_num_draft_tokens = _validate(
             target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits
@@ -73,7 +80,11 @@ def rejection_sample(
             target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
             max_num_draft_tokens,
         )
-    if _backend(backend, target_logits) == "native":
+    if verification == "block":
+        if backend is not None:
+            _check_backend("backend", backend)
+        verify = _block().verify_block
+    elif _backend(backend, target_logits) == "native":
         verify = _native
     else:
         verify = _kernels().rejection_sample_triton
@@ -195,6 +206,13 @@ def _kernels() -> ModuleType:
     from . import kernels
 
     return kernels
+
+
+def _block() -> ModuleType:
+    """verispec.sample.block, imported on first use: it builds on this module."""
+    from . import block
+
+    return block
 
 
 def _validate_probs(
