@@ -63,7 +63,7 @@ def start(name: str, threads: int, hf_cb: bool) -> tuple[subprocess.Popen, str, 
                    "--draft", draft, "--served-model-name", "smollm2"]
         model = "smollm2"
     else:
-        command = [str(bin_dir / "transformers"), "serve", checkpoint, "--port", str(port)]
+        command = [str(bin_dir / "transformers"), "serve", checkpoint, "--port", str(port), "--device", "cpu"]
         command += ["--continuous-batching"] if hf_cb else []
         model = checkpoint
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -31,9 +31,9 @@ import torch
 
 from .metadata import SamplingMetadata
 from .processors import process_logits
-from .rejection import _Layout, _layout, sample_inverse_cdf
+from .rejection import _Layout, _layout, emitted_output, leading_run, sample_inverse_cdf
 from .rng import ACCEPT, SAMPLE, uniform
-from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs, RejectionOutput
+from .types import Draft, DraftLogits, DraftProbs, RejectionOutput
 
 
 def verify_block(
@@ -59,8 +59,8 @@ def verify_block(
     ids = draft_token_ids.to(torch.int64)
     in_range = (ids >= 0) & (ids < vocab)
     ids = ids.clamp(0, vocab - 1)
-    block_len = _leading_run(in_range, lay, batch, max_k)  # [B]
-    num_accepted = _leading_run(in_range & (ids == row_argmax[lay.row_of_draft]), lay, batch, max_k)
+    block_len = leading_run(in_range, lay, max_k)  # [B]
+    num_accepted = leading_run(in_range & (ids == row_argmax[lay.row_of_draft]), lay, max_k)
     final_token = row_argmax[lay.draft_start + torch.arange(batch, device=device) + num_accepted]
     if not sampling.all_greedy:
         p = target.softmax(dim=-1)  # [N, V]
@@ -77,12 +77,7 @@ def verify_block(
         num_accepted = torch.where(sampling.is_greedy, num_accepted, tau)
         final_token = torch.where(sampling.is_greedy, final_token, sampled)
 
-    drafts = torch.full((batch, max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
-    drafts[lay.req_of_draft, lay.pos_of_draft] = ids
-    slot = torch.arange(max_k + 1, device=device)[None, :]
-    n = num_accepted[:, None]
-    token_ids = torch.where(slot < n, drafts, torch.where(slot == n, final_token[:, None], -1))
-    return RejectionOutput(token_ids, num_accepted + 1, num_accepted)
+    return emitted_output(ids, lay, num_accepted, final_token, max_k)
 
 
 def _last_passed(
@@ -92,17 +87,6 @@ def _last_passed(
     inexact with the block rule's h)."""
     positions = torch.arange(passed.shape[1], device=passed.device)
     return (passed.to(torch.int64) * positions).amax(dim=1)
-
-
-def _leading_run(
-    ok: torch.Tensor,  # [D] bool per draft
-    lay: _Layout,
-    batch: int,
-    max_k: int,
-) -> torch.Tensor:  # [B] int64: how many of each request's first drafts are ok
-    grid = torch.zeros(batch, max_k, dtype=torch.bool, device=ok.device)
-    grid[lay.req_of_draft, lay.pos_of_draft] = ok
-    return grid.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
 def _draft_probs(draft: Draft, lay: _Layout, sampling: SamplingMetadata) -> torch.Tensor | None:  # [D, V]

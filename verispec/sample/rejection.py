@@ -1,4 +1,5 @@
-"""rejection_sample(): exact, batched, ragged verification of draft tokens (docs/design.md: "The algorithm", "Interfaces").
+"""rejection_sample(): exact, batched, ragged verification of draft tokens (docs/design.md:
+"The algorithm", "Interfaces").
 
 Terms, used throughout verispec/sample:
 - request b proposes K_b *draft* tokens x_1..x_K (K_b may be 0), drawn from *draft*
@@ -373,9 +374,7 @@ def _native(
         sampled_accept = (q_draft > 0) & (u * q_draft.double() < p_draft.double())
         accept = torch.where(sampling.is_greedy[lay.req_of_draft], accept, sampled_accept)
     accept &= in_range
-    accepted = torch.zeros(lay.num_draft.shape[0], max_k, dtype=torch.bool, device=device)
-    accepted[lay.req_of_draft, lay.pos_of_draft] = accept
-    num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # leading run of accepts
+    num_accepted = leading_run(accept, lay, max_k)
 
     # Rules 2 and 3: one row per request yields the recovered or bonus token.
     final_row = lay.draft_start + torch.arange(num_accepted.shape[0], device=device) + num_accepted
@@ -386,13 +385,33 @@ def _native(
         )
         final_token = torch.where(sampling.is_greedy, final_token, sampled)
 
-    drafts = torch.full(
-        (num_accepted.shape[0], max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device
-    )
+    return emitted_output(ids, lay, num_accepted, final_token, max_k)
+
+
+def leading_run(
+    ok: torch.Tensor,  # [D] bool per draft
+    lay: _Layout,
+    max_k: int,
+) -> torch.Tensor:  # [B] int64: how many of each request's first drafts are ok
+    grid = torch.zeros(lay.num_draft.shape[0], max_k, dtype=torch.bool, device=ok.device)
+    grid[lay.req_of_draft, lay.pos_of_draft] = ok
+    return grid.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def emitted_output(
+    ids: torch.Tensor,  # [D] draft ids
+    lay: _Layout,
+    num_accepted: torch.Tensor,  # [B]
+    final_token: torch.Tensor,  # [B] the recovered or bonus token
+    max_k: int,
+) -> RejectionOutput:
+    """Each request's accepted drafts, then its final token, then placeholders."""
+    drafts = torch.full((num_accepted.shape[0], max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
+                        device=ids.device)
     drafts[lay.req_of_draft, lay.pos_of_draft] = ids
-    slot = torch.arange(max_k + 1, device=device)[None, :]
+    slot = torch.arange(max_k + 1, device=ids.device)[None, :]
     n = num_accepted[:, None]
-    token_ids = torch.where(slot < n, drafts, torch.where(slot == n, final_token[:, None], -1))
+    token_ids = torch.where(slot < n, drafts, torch.where(slot == n, final_token[:, None], PLACEHOLDER_TOKEN_ID))
     return RejectionOutput(token_ids, num_accepted + 1, num_accepted)
 
 
