@@ -68,6 +68,33 @@ def test_clients_leaving_mid_stream_free_their_blocks(client, server) -> None:
     assert _metric(server[0], "verispec_generation_tokens_total") - generated < 1000
 
 
+def test_clients_leaving_a_non_streamed_request_free_their_blocks(server, monkeypatch) -> None:
+    """The server notices a non-streaming client that left (it polls) and aborts its request."""
+    engine = server[1].engine
+    step = engine.step
+
+    def slow_step():  # ~250 tokens then take seconds, far longer than the client waits
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+
+    def leave(i: int) -> None:
+        body = {"model": MODEL, "prompt": f"the winter {i}", "max_tokens": 240, "ignore_eos": True}
+        try:
+            httpx2.post(server[0] + "/v1/completions", json=body, timeout=0.5)
+        except httpx2.TimeoutException:
+            return
+        raise AssertionError("the request finished before the client left")
+
+    generated = _metric(server[0], "verispec_generation_tokens_total")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(leave, range(4)))
+    _wait_for_free_cache(server[1])
+    assert not engine.has_unfinished()
+    assert _metric(server[0], "verispec_generation_tokens_total") - generated < 4 * 240 / 2
+
+
 def _metric(base: str, name: str) -> float:
     for family in text_string_to_metric_families(httpx2.get(base + "/metrics").text):
         for sample in family.samples:
