@@ -43,12 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gen.add_argument("prompt", help="the prompt (a user message when --chat is on)")
-    gen.add_argument("--model", default=None,
-                     help="a .gguf file or Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
-    gen.add_argument("--draft", default="ngram",
-                     help="'ngram' (prompt lookup, default), 'none', or a draft model path sharing the tokenizer")
-    gen.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K",
-                     help="most draft tokens verified per step (default: 5)")
+    add_model_arguments(gen, "most draft tokens verified per step (default: 5)")
     gen.add_argument("--temperature", type=float, default=1.0, help="0 for greedy (default: 1.0)")
     gen.add_argument("--top-k", type=int, default=None, help="keep the k likeliest tokens (default: off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default: 1, off)")
@@ -71,15 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
                           "alternatives (0..20)")
     gen.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale gamma; 1 is off (default: 1)")
     gen.add_argument("--negative-prompt", default=None, help="text of the unconditional CFG branch")
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                     help="weights and KV cache (default: float32); bfloat16 halves their memory "
-                          "and, at batch 1, the bytes read per token")
-    gen.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap the prompt in the model's chat template (default: on)")
-    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_serve_parser(sub)
     return parser
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
+    """What every command that loads a model takes: the model, its drafter, dtype, device, threads."""
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file or Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft", default="ngram",
+                        help="'ngram' (prompt lookup, default), 'none', or a draft model path sharing the tokenizer")
+    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K", help=k_help)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="weights and KV cache (default: float32); bfloat16 halves their memory "
+                             "and, at batch 1, the bytes read per token")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 SERVE_EPILOG = """\
@@ -105,15 +109,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         description="Serve one model over an OpenAI-compatible HTTP API (completions and chat, streamed or not).",
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--model", default=None,
-                       help="a .gguf file or Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
-    serve.add_argument("--draft", default="ngram",
-                       help="'ngram' (prompt lookup, default), 'none', or a draft model path sharing the tokenizer")
-    serve.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K",
-                       help="most draft tokens verified per step; a request's num_speculative_tokens overrides it (default: 5)")
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                       help="weights and KV cache (default: float32)")
-    serve.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    add_model_arguments(serve, "most draft tokens verified per step; a request's num_speculative_tokens "
+                               "overrides it (default: 5)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
@@ -121,7 +118,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="the name clients pass as `model` (default: verispec)")
     serve.add_argument("--max-num-seqs", type=int, default=64,
                        help="most requests generated at once; more wait in the queue (default: 64)")
-    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def _bias_entry(text: str) -> tuple[int, float]:

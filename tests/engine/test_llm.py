@@ -6,25 +6,15 @@ from __future__ import annotations
 import pytest
 
 from verispec import LLM, SamplingParams
-from verispec.model import Tokenizer
-from verispec.model.gguf_vocab import build_bpe_tokenizer
 
-from ..model.conftest import make_hf_tiny, tiny_vocab
+from ..model.conftest import write_bos_chat_checkpoint
 
-# Llama 3 style: the tokenizer adds BOS to encoded text and the template writes it too.
-BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("bos-tiny")
-    make_hf_tiny(tied=False).save_pretrained(directory)
-    tokens, types, merges = tiny_vocab()
-    backend = build_bpe_tokenizer("gpt2", "llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
-    Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
-    return str(directory)
+def checkpoint(tmp_path_factory) -> str:
+    return write_bos_chat_checkpoint(tmp_path_factory.mktemp("bos-tiny"))
 
 
 @pytest.fixture(scope="module")

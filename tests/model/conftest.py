@@ -53,6 +53,21 @@ def make_hf_tiny(tied: bool, seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
+# Llama 3 style: the tokenizer adds BOS to encoded text and the template writes it too.
+BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_bos_chat_checkpoint(directory: Path) -> str:
+    """An untied tiny checkpoint whose tokenizer adds BOS and whose chat template (BOS_TEMPLATE)
+    writes one too: the case where a rendered chat must be encoded without special tokens."""
+    make_hf_tiny(tied=False).save_pretrained(directory)
+    tokens, types, merges = tiny_vocab()
+    backend = build_bpe_tokenizer("gpt2", "llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
+    Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
+    return str(directory)
+
+
 @pytest.fixture(scope="session", params=[True, False], ids=["tied", "untied"])
 def tiny_checkpoint(request, tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
     """A random tiny HF Llama and the directory it was saved to (with a tokenizer)."""

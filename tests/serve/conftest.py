@@ -14,24 +14,16 @@ import pytest
 import uvicorn
 
 from verispec import LLM
-from verispec.model import Tokenizer
-from verispec.model.gguf_vocab import build_bpe_tokenizer
 from verispec.serve import build_app
 
-from ..engine.test_llm import BOS_TEMPLATE
-from ..model.conftest import make_hf_tiny, tiny_vocab
+from ..model.conftest import write_bos_chat_checkpoint
 
 MODEL = "tiny"
 
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("serve-tiny")
-    make_hf_tiny(tied=False).save_pretrained(directory)
-    tokens, types, merges = tiny_vocab()
-    backend = build_bpe_tokenizer("gpt2", "llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
-    Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
-    return str(directory)
+    return write_bos_chat_checkpoint(tmp_path_factory.mktemp("serve-tiny"))
 
 
 def make_llm(checkpoint: str) -> LLM:

@@ -127,19 +127,23 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
     return app
 
 
+async def _from(first: tuple[int, RequestOutput],
+                outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The output already read (to answer bad requests before responding), then the rest."""
+    yield first
+    async for item in outputs:
+        yield item
+
+
 async def _collect(first: tuple[int, RequestOutput],
                    outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[RequestOutput]:
     """Every request's final output, in submission order; closing `outputs` aborts the rest."""
     finals: dict[int, RequestOutput] = {}
     try:
-        index, out = first
-        while True:
+        async for index, out in _from(first, outputs):
             if out.finished:
                 finals[index] = out
-            try:
-                index, out = await outputs.__anext__()
-            except StopAsyncIteration:
-                return [finals[i] for i in sorted(finals)]
+        return [finals[i] for i in sorted(finals)]
     finally:
         await outputs.aclose()
 
@@ -151,8 +155,7 @@ async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
     (the client left) or not, closing `outputs` aborts what is unfinished."""
     finals: dict[int, RequestOutput] = {}
     try:
-        index, out = first
-        while True:
+        async for index, out in _from(first, outputs):
             if out.finished:
                 finals[index] = out
             if out.finish_reason == "error":
@@ -160,10 +163,6 @@ async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
                 return
             if out.new_text or out.new_logprobs or out.finished:
                 yield _event(fmt.chunk(index, out))
-            try:
-                index, out = await outputs.__anext__()
-            except StopAsyncIteration:
-                break
         if include_usage:
             yield _event(fmt.usage_chunk(_usage([finals[i] for i in sorted(finals)], n)))
         yield "data: [DONE]\n\n"
