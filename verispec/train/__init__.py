@@ -1,0 +1,1 @@
+"""Training of learned drafters (EAGLE / Medusa heads) by self-distillation."""
