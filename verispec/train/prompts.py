@@ -27,7 +27,9 @@ def _parse(line: str, where: str) -> dict[str, str]:
         )
     for key in sorted(_KEYS):
         if not isinstance(row[key], str) or not row[key].strip():
-            raise ValueError(f"{where}: expected {key!r} to be a non-empty string, got {row[key]!r}")
+            raise ValueError(
+                f"{where}: expected {key!r} to be a non-empty string, got {row[key]!r}"
+            )
     return row
 
 
