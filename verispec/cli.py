@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap the prompt in the model's chat template (default: on)")
     add_serve_parser(sub)
+    add_train_parser(sub)
     return parser
 
 
@@ -77,7 +78,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
     parser.add_argument("--model", default=None,
                         help="a .gguf file or Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default="ngram",
-                        help="'ngram' (prompt lookup, default), 'none', or a draft model path sharing the tokenizer")
+                        help="'ngram' (prompt lookup, default), 'eagle' or 'medusa' (learned heads shipped for "
+                             "the embedded model), a head file from `verispec train-drafter`, 'none', or a "
+                             "draft model path sharing the tokenizer")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K", help=k_help)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and KV cache (default: float32); bfloat16 halves their memory "
@@ -118,6 +121,42 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="the name clients pass as `model` (default: verispec)")
     serve.add_argument("--max-num-seqs", type=int, default=64,
                        help="most requests generated at once; more wait in the queue (default: 64)")
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train-drafter",
+        help="train an EAGLE or Medusa draft head for a model by self-distillation",
+        description="Train a learned draft head: the model answers a prompt set (its hidden states "
+                    "recorded during that generation), the head learns to predict its next-token "
+                    "distributions, and the head's acceptance on held-out prompts is reported before "
+                    "and after training. Interrupted runs resume from the cache directory.",
+        epilog="example: verispec train-drafter --kind eagle --out eagle.safetensors; then "
+               "verispec generate --draft eagle.safetensors 'Explain rainbows.'",
+    )
+    p.add_argument("--kind", choices=("eagle", "medusa"), required=True, help="head architecture")
+    p.add_argument("--model", default=None,
+                   help="target model: .gguf file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--out", default=None, help="head file to write (default: ./<kind>-head.safetensors)")
+    p.add_argument("--prompts", default=None, help='JSONL of {"category", "prompt"} (default: the shipped set)')
+    p.add_argument("--max-prompts", type=int, default=None, help="train on at most this many prompts")
+    p.add_argument("--max-tokens", type=int, default=256, help="answer length per prompt (default 256)")
+    p.add_argument("--held-out-every", type=int, default=25,
+                   help="every N-th prompt is held out for evaluation (default 25)")
+    p.add_argument("--eval-tokens", type=int, default=96, help="tokens per held-out answer (default 96)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4,
+                   help="K for the held-out acceptance (Medusa: also its number of heads; default 4)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="draft vocabulary: the N most frequent tokens of the recorded answers (default 8192)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the recorded data (default 4)")
+    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 1e-3)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="tokens per training step (default 4096)")
+    p.add_argument("--intermediate-size", type=int, default=None,
+                   help="EAGLE layer MLP width (default: the model's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=None, help="recordings and checkpoints (default: ~/.cache/verispec/train)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default="cpu")
 
 
 def _bias_entry(text: str) -> tuple[int, float]:
@@ -221,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     try:
+        if args.command == "train-drafter":
+            _set_threads(args.threads)
+            from .train.command import run
+
+            return run(args)
         return serve(args) if args.command == "serve" else generate(args)
     except (*_USER_ERRORS, torch.OutOfMemoryError) as err:
         print(f"verispec: error: {str(err) or type(err).__name__}", file=sys.stderr)

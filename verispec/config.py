@@ -26,12 +26,17 @@ class CacheConfig:
         _positive_int("num_blocks", self.num_blocks)
 
 
+METHODS = ("ngram", "draft_model", "eagle", "medusa", "none")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """How to draft.
 
     method: "ngram" (prompt lookup, no model), "draft_model" (a smaller model sharing the target's
-        tokenizer, given by `draft_model`), or "none".
+        tokenizer, given by `draft_model`), "eagle" / "medusa" (learned heads on the target's
+        hidden states: `draft_model` names a head file, or None for the heads shipped for the
+        embedded model), or "none".
     num_speculative_tokens: K, the most draft tokens per request per step.
     ngram_min / ngram_max: n-gram sizes tried, longest first.
     adaptive: choose each request's K per step from its acceptance so far, and trim the step's
@@ -55,14 +60,15 @@ class SpeculativeConfig:
     verification: str = "token"
 
     def __post_init__(self) -> None:
-        _require(self.method in ("ngram", "draft_model", "none"), "method", self.method,
-                 "'ngram', 'draft_model' or 'none'")
+        _require(self.method in METHODS, "method", self.method, f"one of {METHODS}")
         _require(
             isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
             "num_speculative_tokens", self.num_speculative_tokens, "an integer in [0, 64]",
         )
-        _require((self.method == "draft_model") == (self.draft_model is not None), "draft_model",
-                 self.draft_model, "a model path exactly when method == 'draft_model'")
+        _require(self.draft_model is not None if self.method == "draft_model"
+                 else self.draft_model is None or self.method in ("eagle", "medusa"), "draft_model",
+                 self.draft_model, "a model path for method 'draft_model', optionally a head file "
+                 "for 'eagle' / 'medusa', None otherwise")
         _positive_int("ngram_min", self.ngram_min)
         _require(isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min, "ngram_max",
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")

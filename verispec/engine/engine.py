@@ -39,7 +39,7 @@ from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
 from ..spec.adaptive import AdaptiveK, DraftClaim
-from ..spec.base import Drafter, DraftRequest
+from ..spec.base import Drafter, DraftRequest, FedTokens
 from ..spec.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
 from .request import FinishReason, Request
@@ -262,13 +262,24 @@ class LLMEngine:
         sampling = [p for p in scheduled if p.samples]
         drafts, draft_probs = self._propose(scheduled, sampling)
         feeds = []
+        fed: list[FedTokens] = []  # each request's conditional sequence, for a drafter that reads hidden states
+        row = 0
         for p in scheduled:
             d = drafts.get(p.request.request_id, [])
             for seq, n in zip(p.request.seqs, p.num_new):
                 if p.samples or n > 0:  # a sequence with nothing to feed this step feeds nothing
-                    feeds.append(Feed(seq.seq_id, p.request.pending_token_ids(seq, n) + d, seq.num_computed,
-                                      len(d) + 1 if p.samples else 0))
-        logits = self.runner.forward(feeds)
+                    feed = Feed(seq.seq_id, p.request.pending_token_ids(seq, n) + d, seq.num_computed,
+                                len(d) + 1 if p.samples else 0)
+                    if seq is p.request.seqs[0]:
+                        fed.append(FedTokens(p.request.request_id, feed.start, feed.token_ids, row))
+                    feeds.append(feed)
+                    row += len(feed.token_ids)
+        layers = self.drafter.hidden_layers if self.drafter is not None else ()
+        if layers:
+            logits, hidden = self.runner.forward_hidden(feeds, layers)
+            self.drafter.observe(fed, hidden)
+        else:
+            logits = self.runner.forward(feeds)
         verified = iter(self._verify(sampling, drafts, draft_probs, logits) if sampling else [])
         emitted: list[_Emitted | None] = []
         for p in scheduled:

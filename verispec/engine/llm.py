@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections import deque
 from typing import Iterator, Sequence
 
@@ -24,6 +25,9 @@ from ..model import LlamaModel, load_model
 from ..sampling_params import SamplingParams
 from ..spec.base import Drafter
 from ..spec.draft_model import DraftModelDrafter
+from ..spec.eagle import EagleDrafter
+from ..spec.heads import KINDS, head_kind, load_head, shipped_head
+from ..spec.medusa import MedusaDrafter
 from ..spec.ngram import NgramDrafter
 from .engine import LLMEngine, PreparedRequest, RequestOutput
 
@@ -41,6 +45,32 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"dtype={dtype!r} is invalid: expected one of {sorted(_DTYPES)}")
 
 
+def _draft_method(draft: object) -> tuple[str, str | None]:
+    """SpeculativeConfig's (method, draft_model) for LLM's `draft` argument."""
+    if draft is None or draft == "none":
+        return "none", None
+    if draft == "ngram" or draft in KINDS:
+        return draft, None
+    if not isinstance(draft, (str, os.PathLike)):
+        raise TypeError(f"draft is {type(draft).__name__}: expected a str")
+    if str(draft).endswith(".safetensors"):
+        return head_kind(draft), str(draft)
+    return "draft_model", str(draft)
+
+
+def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks: int,
+                     block_size: int) -> Drafter:
+    try:
+        head = load_head(path or shipped_head(kind), model)
+    except ValueError as error:
+        if path is not None:
+            raise
+        raise ValueError(f"draft={kind!r} names the {kind} head shipped for the embedded model, which "
+                         f"does not fit this model ({error}); train one with `verispec train-drafter "
+                         f"--kind {kind} --model ...` and pass its file as draft") from None
+    return EagleDrafter(head, num_blocks, block_size) if kind == "eagle" else MedusaDrafter(head)
+
+
 def kv_blocks_for(model: LlamaModel, memory_gib: float, block_size: int) -> int:
     """How many blocks of `block_size` tokens fit in `memory_gib` of KV cache for `model`."""
     cfg = model.config
@@ -52,8 +82,9 @@ def kv_blocks_for(model: LlamaModel, memory_gib: float, block_size: int) -> int:
 class LLM:
     """model: None for the embedded default (SmolLM2-135M-Instruct), a .gguf file, or a Hugging
         Face checkpoint directory.
-    draft: "ngram" (prompt lookup, the default), "none", or a draft model (path as for `model`)
-        that shares the target's tokenizer.
+    draft: "ngram" (prompt lookup, the default), "eagle" or "medusa" (the learned heads shipped
+        for the embedded model), a head file (.safetensors, from `verispec train-drafter`),
+        "none", or a draft model (path as for `model`) that shares the target's tokenizer.
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
         speculation off, whatever `draft` names.
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
@@ -79,11 +110,11 @@ class LLM:
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib={kv_cache_gib!r} is invalid: expected a number > 0")
         no_drafts = draft in (None, "none") or num_speculative_tokens == 0  # K = 0: no drafter to load
-        method = "none" if no_drafts else "ngram" if draft == "ngram" else "draft_model"
+        method, draft_path = _draft_method(None if no_drafts else draft)
         spec = SpeculativeConfig(
             method=method,
             num_speculative_tokens=num_speculative_tokens,
-            draft_model=draft if method == "draft_model" else None,
+            draft_model=draft_path,
             verification=verification,
         )
         # Everything but the model's limits is checked before the (slow) load.
@@ -110,6 +141,9 @@ class LLM:
                     f"{self.model.config.vocab_size}, the target's (draft and target must share a tokenizer)"
                 )
             drafter = DraftModelDrafter(draft_model, kv_blocks_for(draft_model, kv_cache_gib, block_size), block_size)
+        elif method in KINDS:
+            drafter = _learned_drafter(method, draft_path, self.model,
+                                       kv_blocks_for(self.model, kv_cache_gib, block_size), block_size)
         config = dataclasses.replace(
             limits,
             max_model_len=min(positions, 8192) if max_model_len is None else max_model_len,

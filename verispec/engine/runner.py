@@ -37,17 +37,42 @@ class Feed:
                              "0 <= num_logits <= tokens")
 
 
+@dataclass(frozen=True)
+class StepInputs:
+    """A forward pass's inputs on the device, built from feeds (ModelRunner.inputs)."""
+
+    input_ids: torch.Tensor  # [T] int64, fed tokens in feed order
+    positions: torch.Tensor  # [T] int64
+    attn: AttentionMetadata
+    logits_rows: torch.Tensor  # [R] int64, rows of T that need logits
+
+
 class ModelRunner:
+    """Runs `model` (a LlamaModel, or a drafter's head with the same cache interface) over
+    `blocks`' paged cache."""
+
     def __init__(self, model: LlamaModel, blocks: BlockManager) -> None:
         self.model = model
         self.blocks = blocks
         self.device = next(model.parameters()).device
         self.kv_caches = model.allocate_kv_cache(blocks.num_blocks, blocks.block_size)
 
-    @torch.inference_mode()
     def forward(self, feeds: Sequence[Feed]) -> torch.Tensor:  # [sum(num_logits), V] float32
         """The caller has already reserved slots for every fed token in the BlockManager;
         `feeds` is not empty."""
+        step = self.inputs(feeds)
+        return self.model(step.input_ids, step.positions, step.attn, self.kv_caches, step.logits_rows)
+
+    def forward_hidden(
+        self, feeds: Sequence[Feed], hidden_layers: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [sum(num_logits), V] float32, [T, H * hidden_size]
+        """`forward`, plus the hidden states of `hidden_layers` for every fed token, in feed
+        order (LlamaModel.forward_hidden)."""
+        step = self.inputs(feeds)
+        return self.model.forward_hidden(step.input_ids, step.positions, step.attn, self.kv_caches,
+                                         step.logits_rows, hidden_layers)
+
+    def inputs(self, feeds: Sequence[Feed]) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -79,4 +104,4 @@ class ModelRunner:
             query_lens_list=[b - a for a, b in zip(starts, starts[1:])],
             seq_lens_list=seq_lens,
         )
-        return self.model(tensor(ids), tensor(positions), attn, self.kv_caches, tensor(logits_rows))
+        return StepInputs(tensor(ids), tensor(positions), attn, tensor(logits_rows))

@@ -14,7 +14,7 @@ GGUF and safetensors checkpoints into that), so the fused layout stays private.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -157,7 +157,6 @@ class LlamaModel(nn.Module):
         return [torch.zeros(shape, dtype=self.dtype, device=self.device)
                 for _ in range(self.config.num_layers)]
 
-    @torch.inference_mode()
     def forward(
         self,
         input_ids: torch.Tensor,  # [T] int64, new tokens of all sequences in batch order
@@ -166,11 +165,39 @@ class LlamaModel(nn.Module):
         kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, kv_heads, head_dim]
         logits_indices: torch.Tensor,  # [R] int64, rows of T that need logits
     ) -> torch.Tensor:  # [R, vocab_size] float32
+        return self.forward_hidden(input_ids, positions, attn, kv_caches, logits_indices)[0]
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        attn: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+        logits_indices: torch.Tensor,  # [R] int64
+        hidden_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, vocab_size] float32, [T, H * hidden_size]
+        """`forward`, plus the hidden states a learned drafter reads, from the same pass: for
+        every new token, the output of each layer in `hidden_layers` (1-based: layer
+        num_layers is the last, before the final norm), concatenated in the order given
+        (None without `hidden_layers`)."""
+        for layer_number in hidden_layers:
+            if not 1 <= layer_number <= self.config.num_layers:
+                raise ValueError(f"hidden_layers holds {layer_number!r}: expected layer numbers "
+                                 f"in [1, {self.config.num_layers}]")
         plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
                              widen_decode=self.widening is not None)
         cos, sin = self.rotary.angles(positions)
         hidden = F.embedding(input_ids, self.embed_tokens)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        captured: dict[int, torch.Tensor] = {}
+        last = self.config.num_layers
+        for number, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches), start=1):
             hidden = layer(hidden, cos, sin, kv_cache, plan)
+            if number in hidden_layers and number != last:
+                captured[number] = hidden.clone()  # later layers update `hidden` in place
+        captured[last] = hidden
         rows = rms_norm(hidden.index_select(0, logits_indices), self.norm, self.config.rms_norm_eps)
-        return self.lm_head(rows).float()
+        logits = self.lm_head(rows).float()
+        if not hidden_layers:
+            return logits, None
+        return logits, torch.cat([captured[n] for n in hidden_layers], dim=-1)

@@ -79,6 +79,23 @@ class DraftBatch:
         return [len(t) for t in self.token_ids]
 
 
+@dataclass(frozen=True)
+class FedTokens:
+    """The tokens one request fed to the target in one forward pass (its conditional sequence:
+    a CFG companion's are not handed over), whose hidden states a learned drafter reads.
+
+    token_ids sit at positions start, start + 1, ...; their hidden states are rows
+    first_row, first_row + 1, ... of the pass's hidden tensor. They are the request's pending
+    tokens followed by the step's drafts, so the rows past the accepted drafts belong to
+    tokens the verifier rejected: a drafter keeps only what the request's tokens confirm.
+    """
+
+    request_id: str
+    start: int
+    token_ids: Sequence[int]
+    first_row: int
+
+
 class Drafter(ABC):
     """Proposes draft tokens for the target model to verify.
 
@@ -99,11 +116,25 @@ class Drafter(ABC):
       ``request_id``; it must drop it in ``release``, which the engine calls when a request
       finishes, fails or is cancelled. Proposals only affect speed, never the output
       distribution, so stale state may cost acceptance but never correctness.
+    - A drafter that reads the target's hidden states names their layers in ``hidden_layers``
+      (LlamaModel.forward_hidden numbering); the engine then hands it, after every target
+      forward pass, the hidden states of every token fed in it (``observe``), prefill chunks
+      included. Observations concern tokens that may still be rejected (see FedTokens).
     """
+
+    hidden_layers: tuple[int, ...] = ()
 
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""
+
+    def observe(
+        self,
+        fed: Sequence[FedTokens],
+        hidden: torch.Tensor,  # [T, len(hidden_layers) * hidden_size], rows as FedTokens say
+    ) -> None:
+        """The target's hidden states of the tokens fed in one forward pass; called only for a
+        drafter with ``hidden_layers``."""
 
     def release(self, request_id: str) -> None:
         """Forget everything kept for ``request_id``; an unknown id is a no-op."""

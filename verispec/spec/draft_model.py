@@ -4,11 +4,8 @@ Terms: the drafter's *cache* holds K/V for a prefix of each request's tokens (it
 tokens). Each call rolls the cache back to the longest prefix it shares with the request's
 current tokens (keep-and-rollback: rejected drafts are truncated, the accepted prefix is kept,
 nothing is rebuilt), feeds the rest, then drafts K tokens one forward pass at a time, batched
-over requests. Each draft token is sampled from q = the request's sampling pipeline applied to
-the draft logits (no CFG: drafts are unguided; penalties count the output followed by the
-drafts already proposed this step, the history the verifier gives the same position), with
-counter-based random numbers keyed by (seed, step, position), and q is handed to the verifier,
-so the output is exact.
+over requests, each sampled from q as spec/draft_sampling.py describes; q is handed to the
+verifier, so the output is exact.
 """
 
 from __future__ import annotations
@@ -21,11 +18,8 @@ from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from ..model import LlamaModel
 from ..sample import SamplingMetadata
-from ..sample.penalties import PrecedingTokens
-from ..sample.processors import process_logits
-from ..sample.rejection import sample_inverse_cdf
-from ..sample.rng import DRAFT, uniform
 from .base import DraftBatch, Drafter, DraftRequest
+from .draft_sampling import sample_drafts
 
 
 class DraftModelDrafter(Drafter):
@@ -59,8 +53,8 @@ class DraftModelDrafter(Drafter):
                 cached = self._cached[requests[i].request_id]
                 feeds.append(Feed(requests[i].request_id, pending[i], len(cached), 1))
                 cached.extend(pending[i])
-            tokens, probs = self._sample(sampling, active, [drafts[i] for i in active],
-                                         self.runner.forward(feeds), position)
+            tokens, probs = sample_drafts(sampling, active, [drafts[i] for i in active],
+                                          self.runner.forward(feeds), position)
             position += 1
             still = []
             for i, token, q in zip(active, tokens, probs):
@@ -98,25 +92,3 @@ class DraftModelDrafter(Drafter):
             return False
         self.blocks.append(rid, len(tokens) - keep)
         return True
-
-    def _sample(
-        self,
-        sampling: SamplingMetadata,  # of every request of the call
-        active: list[int],  # the requests drafting this round, one logit row each
-        drafted: list[list[int]],  # their drafts so far, the tail of their penalty history
-        logits: torch.Tensor,  # [R, V] draft logits, one row per active request
-        position: int,
-    ) -> tuple[list[int], torch.Tensor]:  # tokens, q rows [R, V]
-        device = logits.device
-        rows = torch.tensor(active, dtype=torch.int64, device=device)
-        preceding = None
-        if sampling.adjustments is not None:
-            pairs = [(r, t) for r, tokens in enumerate(drafted) for t in tokens]
-            index = torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device)
-            ids = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device)
-            preceding = PrecedingTokens(index, ids, torch.ones_like(index, dtype=torch.bool))
-        q = process_logits(logits, rows, sampling, preceding=preceding).softmax(dim=-1)
-        positions = torch.full((len(active),), position, dtype=torch.int64, device=device)
-        sampled = sample_inverse_cdf(q, uniform(sampling.keys[rows], positions, DRAFT))
-        tokens = torch.where(sampling.is_greedy[rows], q.argmax(dim=-1), sampled)
-        return tokens.tolist(), q

@@ -1,0 +1,52 @@
+"""Tiny learned draft heads for tests: recorded from a tiny random target and trained a few
+steps (cached per process: several test files share them)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from verispec import SamplingParams
+from verispec.config import CacheConfig, EngineConfig
+from verispec.model import LlamaModel
+from verispec.spec.heads import Head, HeadConfig, new_head
+from verispec.train.record import Dataset, record
+from verispec.train.trainer import TrainConfig, train
+
+from .tiny import tiny_model, word_tokenizer
+
+VOCAB = 32
+
+
+@functools.lru_cache(maxsize=None)
+def target() -> LlamaModel:
+    """Sharp enough that greedy continuations are learnable in a few steps."""
+    return tiny_model(seed=3, vocab=VOCAB, scale=2.0)
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@functools.lru_cache(maxsize=None)
+def dataset() -> Dataset:
+    params = [SamplingParams(temperature=0 if i % 2 else 0.7, seed=i, max_tokens=32, ignore_eos=True)
+              for i in range(48)]
+    return record(target(), word_tokenizer(VOCAB), prompts(48, seed=0), params,
+                  EngineConfig(cache=CacheConfig(4, 1024)), chat=False, progress=False)
+
+
+def untrained(kind: str, vocab: torch.Tensor | None = None) -> Head:
+    vocab = torch.arange(VOCAB) if vocab is None else vocab
+    return new_head(HeadConfig.for_target(kind, target().config, num_medusa_heads=3), target(), vocab, seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def trained(kind: str) -> Head:
+    """Heads hold no per-request state (their drafters do), so tests share one."""
+    head = untrained(kind)
+    train(head, dataset(), TrainConfig(epochs=6, batch_tokens=512, lr=3e-3, warmup_steps=3), progress=False)
+    return head

@@ -1,0 +1,263 @@
+"""Learned draft heads on the target's hidden states: EAGLE (one decoder layer, autoregressive
+over its own features) and Medusa (K independent residual heads), and their files.
+
+Terms, used by the drafters (spec/eagle.py, spec/medusa.py) and the trainer (verispec/train):
+- feature f_t: the target's last-layer hidden state of the token at position t, after the
+  target's final norm (what its LM head reads). Normalised features keep the heads' inputs and
+  regression targets at one scale.
+- draft vocabulary: the N target tokens a head can propose (the most frequent ones in the
+  training text, as EAGLE-3 does); a head's LM head is the target's, restricted to those rows,
+  so a draft step costs N / vocab_size of a full LM head. Other tokens get q = 0.
+- EAGLE: at position t the head reads (f_t, embedding of x_{t+1}) and predicts f_{t+1}, hence the
+  distribution of x_{t+2}; drafting feeds its own predicted features back, one token at a time,
+  through a paged KV cache of its own.
+- Medusa: head k (1..K) reads f_t alone and predicts x_{t+k+1}, so one pass over the newest
+  feature drafts K tokens.
+
+A head file is safetensors: the head's own weights, "draft_vocab" (int64 [N]), and the
+HeadConfig as JSON under the metadata key "verispec.head". The target's embedding, final norm
+and LM head are never stored: they are read from the target the head is loaded onto, which
+must match the config's target shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import AttentionMetadata, LlamaModel, ModelConfig
+from ..model.attention import AttentionPlan
+from ..model.linear import Linear
+from ..model.llama import DecoderLayer, rms_norm
+from ..model.rotary import RotaryEmbedding
+
+KINDS = ("eagle", "medusa")
+METADATA_KEY = "verispec.head"
+# Heads trained for the embedded SmolLM2-135M-Instruct, shipped in the package (docs/benchmarks.md).
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "heads"
+
+
+def shipped_head(kind: str) -> Path:
+    """The head file of `kind` shipped for the embedded model."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is invalid: expected one of {KINDS}")
+    return SHIPPED_DIR / f"{kind}-smollm2-135m-instruct.safetensors"
+
+
+def head_kind(path: str | os.PathLike[str]) -> str:
+    """The kind of the head stored at `path` (ValueError when it is not a head file)."""
+    return _read(path)[0].kind
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The shape of a draft head and of the target it belongs to.
+
+    kind: "eagle" or "medusa".
+    target_vocab_size / hidden_size / target_num_layers: the target's, checked at load.
+    num_heads / num_kv_heads / head_dim / intermediate_size / rms_norm_eps / rope_theta: the
+        EAGLE decoder layer's attention and MLP (the target's attention shape by default).
+    num_medusa_heads: K, Medusa's number of heads (drafts per step).
+    """
+
+    kind: str
+    target_vocab_size: int
+    hidden_size: int
+    target_num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    num_medusa_heads: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r} is invalid: expected one of {KINDS}")
+        if not isinstance(self.num_medusa_heads, int) or not 1 <= self.num_medusa_heads <= 16:
+            raise ValueError(f"num_medusa_heads={self.num_medusa_heads!r} is invalid: "
+                             "expected an integer in [1, 16]")
+
+    @classmethod
+    def for_target(cls, kind: str, target: ModelConfig, intermediate_size: int | None = None,
+                   num_medusa_heads: int = 4) -> HeadConfig:
+        return cls(kind, target.vocab_size, target.hidden_size, target.num_layers, target.num_heads,
+                   target.num_kv_heads, target.head_dim,
+                   intermediate_size or target.intermediate_size, target.rms_norm_eps,
+                   target.rope_theta, num_medusa_heads)
+
+    def layer_config(self) -> ModelConfig:
+        """The EAGLE decoder layer's shape, as a one-layer ModelConfig."""
+        return ModelConfig(vocab_size=self.target_vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_layers=1,
+                           num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                           head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+                           rope_theta=self.rope_theta)
+
+    def check_target(self, target: ModelConfig, source: str) -> None:
+        for name, mine, theirs in (("vocab_size", self.target_vocab_size, target.vocab_size),
+                                   ("hidden_size", self.hidden_size, target.hidden_size),
+                                   ("num_layers", self.target_num_layers, target.num_layers)):
+            if mine != theirs:
+                raise ValueError(f"{source} is a head for a target with {name}={mine}; this "
+                                 f"target has {name}={theirs}")
+
+
+class _Head(nn.Module):
+    """What both kinds share: the target's norm and embedding (borrowed, never stored) and its
+    LM head restricted to the draft vocabulary."""
+
+    def __init__(self, config: HeadConfig, target: LlamaModel,
+                 draft_vocab: torch.Tensor) -> None:  # draft_vocab: [N] int64
+        super().__init__()
+        config.check_target(target.config, "the head")
+        vocab = draft_vocab.to(device=target.device, dtype=torch.int64)
+        if vocab.dim() != 1 or vocab.numel() == 0 or vocab.unique().numel() != vocab.numel() \
+                or int(vocab.min()) < 0 or int(vocab.max()) >= config.target_vocab_size:
+            raise ValueError(f"draft_vocab must be distinct token ids in [0, "
+                             f"{config.target_vocab_size}), got {vocab.numel()} ids")
+        self.config, self.dtype, self.widening = config, target.dtype, target.widening
+        self.draft_vocab = vocab  # plain attribute: saved by save_head, not as a parameter
+        self._target_embed = target.embed_tokens.detach()
+        self._target_norm = target.norm.detach()
+        self.lm_head = Linear(config.hidden_size, vocab.numel(), target.dtype, target.device,
+                              target.widening)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(target.lm_head.weight.index_select(0, vocab))
+
+    def normalize(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, d] target hidden -> features
+        """The target's final norm: features as the module docstring defines them."""
+        return rms_norm(hidden, self._target_norm, self.config.rms_norm_eps)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [R, N] float32
+        return self.lm_head(features).float()
+
+    def trainable(self) -> list[nn.Parameter]:
+        """The head's own weights (not the borrowed LM head), made to require gradients."""
+        params = [p for name, p in self.named_parameters() if not name.startswith("lm_head.")]
+        for p in params:
+            p.requires_grad_(True)
+        return params
+
+    def own_state(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach() for name, p in self.named_parameters()
+                if not name.startswith("lm_head.")}
+
+
+class EagleHead(_Head):
+    """fc([embedding of x_{t+1}, f_t]) -> one decoder layer -> predicted f_{t+1}."""
+
+    def __init__(self, config: HeadConfig, target: LlamaModel, draft_vocab: torch.Tensor) -> None:
+        super().__init__(config, target, draft_vocab)
+        d = config.hidden_size
+        self.fc = Linear(2 * d, d, target.dtype, target.device, target.widening)
+        self.layer = DecoderLayer(config.layer_config(), target.dtype, target.device, target.widening)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, target.dtype, target.device)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype, device=self.draft_vocab.device)]
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [T, d] f_t of each row (true or predicted)
+        input_ids: torch.Tensor,  # [T] int64, x_{t+1} of each row
+        positions: torch.Tensor,  # [T] int64, t
+        attn: AttentionMetadata,
+        kv_caches: list[torch.Tensor],  # one layer's cache
+    ) -> torch.Tensor:  # [T, d] predicted f_{t+1}
+        plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
+                             widen_decode=self.widening is not None)
+        cos, sin = self.rotary.angles(positions)
+        x = self.fc(torch.cat((F.embedding(input_ids, self._target_embed), features), dim=-1))
+        return self.layer(x, cos, sin, kv_caches[0], plan)
+
+
+class MedusaHeads(_Head):
+    """Head k: y = f + SiLU(W_k f), logits = LM head(y); W_k starts at zero, so an untrained
+    head predicts what the target's LM head does at position t."""
+
+    def __init__(self, config: HeadConfig, target: LlamaModel, draft_vocab: torch.Tensor) -> None:
+        super().__init__(config, target, draft_vocab)
+        d = config.hidden_size
+        self.blocks = nn.ModuleList(Linear(d, d, target.dtype, target.device, target.widening)
+                                    for _ in range(config.num_medusa_heads))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [K, R, N] float32
+        return torch.stack([self.logits(features + F.silu(block(features))) for block in self.blocks])
+
+
+Head = EagleHead | MedusaHeads
+
+
+def new_head(config: HeadConfig, target: LlamaModel, draft_vocab: torch.Tensor,
+             seed: int = 0) -> Head:
+    """An untrained head: small random weights (Medusa's blocks zero, see MedusaHeads); the
+    EAGLE layer's norms start at one."""
+    head = (EagleHead if config.kind == "eagle" else MedusaHeads)(config, target, draft_vocab)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.own_state().items():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            elif config.kind == "medusa":
+                p.zero_()
+            else:
+                std = p.shape[-1] ** -0.5
+                p.copy_(torch.randn(p.shape, generator=generator) * std)
+    return head
+
+
+def save_head(head: Head, path: str | os.PathLike[str], dtype: torch.dtype = torch.bfloat16) -> None:
+    """Writes the head's own weights in `dtype` (bf16 by default: the file ships in the package)."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.to("cpu", dtype).contiguous() for name, t in head.own_state().items()}
+    tensors["draft_vocab"] = head.draft_vocab.cpu()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={METADATA_KEY: json.dumps(dataclasses.asdict(head.config))})
+
+
+def _read(path: str | os.PathLike[str]) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    source = f"draft head file {str(path)!r}"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = (f.metadata() or {}).get(METADATA_KEY)
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{source} cannot be read: {error}") from None
+    if meta is None or "draft_vocab" not in tensors:
+        raise ValueError(f"{source} is not a verispec draft head (no {METADATA_KEY!r} metadata)")
+    try:
+        return HeadConfig(**json.loads(meta)), tensors
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source} has an invalid config: {error}") from None
+
+
+def load_head(path: str | os.PathLike[str], target: LlamaModel) -> Head:
+    """The head stored at `path`, on `target`'s device and dtype. ValueError naming the file
+    when it is not a head file or belongs to a target of another shape."""
+    source = f"draft head file {str(path)!r}"
+    config, tensors = _read(path)
+    config.check_target(target.config, source)
+    head = (EagleHead if config.kind == "eagle" else MedusaHeads)(config, target, tensors.pop("draft_vocab"))
+    expected = head.own_state()
+    if set(tensors) != set(expected):
+        raise ValueError(f"{source} holds tensors {sorted(tensors)}: expected {sorted(expected)}")
+    with torch.no_grad():
+        for name, p in expected.items():
+            if tuple(tensors[name].shape) != tuple(p.shape):
+                raise ValueError(f"{source}: {name!r} has shape {tuple(tensors[name].shape)}, "
+                                 f"expected {tuple(p.shape)}")
+            p.copy_(tensors[name])
+    return head

@@ -1,0 +1,74 @@
+"""MedusaDrafter: drafts with Medusa heads (spec/heads.py) over the target's hidden states.
+
+For a request whose newest token x_n sits at position n, the newest known feature is f_{n-1}
+(the verify pass that emitted x_n computed it): head k reads it and gives q_k for x_{n+k}, so
+K drafts cost one pass of K small heads, with no cache to keep. Draft k is sampled from q_k
+as spec/draft_sampling.py describes (its penalty history holds drafts 1..k-1, as the
+verifier's does); q_k does not otherwise depend on the earlier drafts, which the verifier
+allows: it needs only the distribution each draft was drawn from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..sample import SamplingMetadata
+from .base import DraftBatch, Drafter, DraftRequest, FedTokens
+from .draft_sampling import drafted_rows, sample_drafts, widen_vocab
+from .features import FeatureStore
+from .heads import MedusaHeads
+
+
+class MedusaDrafter(Drafter):
+    def __init__(self, heads: MedusaHeads) -> None:
+        self.heads = heads
+        self.hidden_layers = (heads.config.target_num_layers,)
+        self.store = FeatureStore()
+
+    def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
+        self.store.observe(fed, hidden)
+
+    def release(self, request_id: str) -> None:
+        self.store.release(request_id)
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
+        drafts: list[list[int]] = [[] for _ in requests]
+        rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        active, features = [], []
+        for i, request in enumerate(requests):
+            rid, newest = request.request_id, len(request.token_ids) - 1
+            start, end = self.store.confirm(rid, request.token_ids)
+            if request.num_draft_tokens == 0 or not start <= newest - 1 < end:
+                continue
+            features.append(self.store.features(rid, newest - 1, newest))
+            self.store.drop_before(rid, newest - 1)
+            active.append(i)
+        if not active:
+            return DraftBatch(drafts)
+        device = features[0].device
+        sampling = SamplingMetadata.from_params(
+            [r.params for r in requests], steps=[r.step for r in requests],
+            seeds=[r.seed for r in requests], device=device,
+            prompt_token_ids=[r.prompt_token_ids for r in requests],
+            output_token_ids=[r.output_token_ids for r in requests],
+        )
+        logits = self.heads(self.heads.normalize(torch.cat(features)))  # [K, R, N]
+        slot = {i: r for r, i in enumerate(active)}  # request -> its row in `logits`
+        for k in range(logits.shape[0]):
+            active = [i for i in active if requests[i].num_draft_tokens > k]
+            if not active:
+                break
+            picked = logits[k].index_select(0, torch.tensor([slot[i] for i in active], device=device))
+            wide = widen_vocab(picked, self.heads.draft_vocab, self.heads.config.target_vocab_size)
+            tokens, q = sample_drafts(sampling, active, [drafts[i] for i in active], wide, k)
+            usable = drafted_rows(q)
+            for r, (i, token) in enumerate(zip(active, tokens)):
+                if usable[r]:
+                    drafts[i].append(token)
+                    rows[i].append(q[r])
+            active = [i for i, ok in zip(active, usable) if ok]
+        flat = [q for per_request in rows for q in per_request]
+        return DraftBatch(drafts, torch.stack(flat) if flat else None)

@@ -1,0 +1,145 @@
+"""`verispec train-drafter`: record, train, evaluate, save (train/record.py, train/trainer.py).
+
+Held-out prompts (every `held_out_every`-th prompt of the set, never trained on) measure the
+head's acceptance before and after training with the engine itself: greedy, a fixed K, the
+mean number of tokens emitted per verify step (accepted drafts + 1).
+
+Everything slow is cached under the cache directory, keyed by model and data settings:
+recordings in shards of SHARD prompts (an interrupted run records only the missing shards),
+training checkpoints (trainer.py), so running the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ..config import CacheConfig, EngineConfig, SpeculativeConfig
+from ..engine.engine import LLMEngine
+from ..model import LlamaModel, Tokenizer, load_model
+from ..model.loader import cache_dir
+from ..sampling_params import SamplingParams
+from ..spec.eagle import EagleDrafter
+from ..spec.heads import Head, HeadConfig, new_head, save_head
+from ..spec.medusa import MedusaDrafter
+from ..spec.metrics import SpecDecodeStats
+from .prompts import load_prompts
+from .record import Dataset, record
+from .trainer import TrainConfig, train
+
+SHARD = 64
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"--{name}={value} is invalid: expected an integer >= 1")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("max_tokens", "held_out_every", "eval_tokens", "num_speculative_tokens", "draft_vocab"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    started = time.monotonic()
+    prompts = [p["prompt"] for p in load_prompts(args.prompts)]
+    held_out = prompts[:: args.held_out_every]
+    training = [p for i, p in enumerate(prompts) if i % args.held_out_every][: args.max_prompts]
+    model, tokenizer = load_model(args.model, dtype=torch.float32, device=args.device)
+    if args.draft_vocab > model.config.vocab_size:
+        raise ValueError(f"--draft-vocab={args.draft_vocab} is invalid: expected at most the model's "
+                         f"vocabulary size {model.config.vocab_size}")
+    key = hashlib.sha1(repr((str(args.model), model.config, training, args.max_tokens)).encode()).hexdigest()[:12]
+    cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "train"
+    dataset = record_shards(model, tokenizer, training, args.max_tokens, cache / f"data-{key}", args.seed)
+    print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
+          f"({len(dataset.tokens)} with prompts)")
+    vocab = draft_vocabulary(dataset, args.draft_vocab, model.config.eos_token_ids)
+    config = HeadConfig.for_target(args.kind, model.config, args.intermediate_size, args.num_speculative_tokens)
+    head = new_head(config, model, vocab, seed=args.seed)
+    before = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
+    chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens")
+              if getattr(args, name) is not None}
+    train_config = TrainConfig(seed=args.seed, **chosen)
+    run_key = hashlib.sha1(repr((key, config, args.draft_vocab)).encode()).hexdigest()[:12]
+    losses = train(head, dataset, train_config, checkpoint_dir=cache / f"{args.kind}-{run_key}")
+    out = Path(args.out or f"{args.kind}-head.safetensors")
+    save_head(head, out)
+    after = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
+    report = {
+        "kind": args.kind, "model": args.model or "embedded SmolLM2-135M-Instruct",
+        "prompts": len(training), "answers": len(dataset), "output_tokens": dataset.num_output_tokens,
+        "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab, "epochs": args.epochs,
+        "train_config": dataclasses.asdict(train_config), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "held_out_prompts": len(held_out), "k": args.num_speculative_tokens,
+        "mean_acceptance_length_untrained": before, "mean_acceptance_length_trained": after,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"held-out mean acceptance length at K={args.num_speculative_tokens} (greedy, "
+          f"{len(held_out)} prompts): untrained {before:.2f}, trained {after:.2f}")
+    print(f"wrote {out} and {out.with_suffix('.json')} in {report['seconds']:.0f} s")
+    return 0
+
+
+def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str], max_tokens: int,
+                  directory: Path, seed: int = 0) -> Dataset:
+    """`record` in shards of SHARD prompts, each cached in `directory`. Answers alternate
+    between greedy and temperature 0.7 / top-p 0.9 (seeded), the two regimes drafts serve."""
+    parts = []
+    for start in range(0, len(prompts), SHARD):
+        path = directory / f"shard-{start // SHARD:04d}.safetensors"
+        if not path.is_file():
+            chunk = prompts[start : start + SHARD]
+            params = [SamplingParams(temperature=0.0 if (start + i) % 2 == 0 else 0.7, top_p=1.0 if (start + i) % 2 == 0 else 0.9,
+                                     seed=seed * 1_000_003 + start + i, max_tokens=max_tokens)
+                      for i in range(len(chunk))]
+            print(f"recording prompts {start}..{start + len(chunk) - 1} of {len(prompts)}")
+            record(model, tokenizer, chunk, params, EngineConfig(max_num_seqs=SHARD, max_num_batched_tokens=1024,
+                                                                   cache=CacheConfig(16, 2048)),
+                   progress=True).save(path)
+        parts.append(Dataset.load(path))
+    return Dataset.concat(parts)
+
+
+def draft_vocabulary(dataset: Dataset, size: int, always: Sequence[int] = ()) -> torch.Tensor:  # [size] int64
+    """The `size` tokens the recorded answers use most (ties: prompt use, then lower id), with
+    `always` (the end-of-sequence tokens) included."""
+    vocab_size = int(dataset.tokens.max()) + 1
+    is_output = torch.zeros_like(dataset.tokens, dtype=torch.bool)
+    for i in range(len(dataset)):
+        is_output[int(dataset.offsets[i]) + int(dataset.prompt_lens[i]) : int(dataset.offsets[i + 1])] = True
+    width = max(vocab_size, *(t + 1 for t in always), size)
+    score = torch.bincount(dataset.tokens[is_output], minlength=width).double() * (len(dataset.tokens) + 1)
+    score += torch.bincount(dataset.tokens[~is_output], minlength=width).double()
+    for t in always:
+        score[t] = float("inf")
+    return torch.argsort(score, descending=True, stable=True)[:size].sort().values
+
+
+def acceptance(model: LlamaModel, tokenizer: Tokenizer, head: Head, prompts: Sequence[str | list[int]],
+               k: int, max_tokens: int) -> float:
+    """Mean tokens emitted per verify step over `prompts` (texts chat-rendered, token ids as
+    given; greedy, K = k fixed)."""
+    drafter = EagleDrafter(head, 4096, 16) if head.config.kind == "eagle" else MedusaDrafter(head)
+    config = EngineConfig(max_num_seqs=64, max_num_batched_tokens=1024, cache=CacheConfig(16, 4096),
+                          speculative=SpeculativeConfig(method=head.config.kind, num_speculative_tokens=k,
+                                                        adaptive=False))
+    engine = LLMEngine(model, tokenizer, config, drafter)
+    for prompt in prompts:
+        text = isinstance(prompt, str)
+        if text:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        engine.enqueue(engine.prepare_request(prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                     ignore_eos=not text),
+                                              add_special_tokens=not text))
+    stats = SpecDecodeStats()
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                stats.merge(out.stats)
+    return stats.mean_acceptance_length

@@ -1,0 +1,143 @@
+"""Self-distillation data: the target answers prompts, and its hidden states are recorded from
+the very forward passes that generate the answers (a Drafter that only observes: FedTokens).
+
+Terms: a *sequence* is one request's prompt + output tokens with the target's last-layer hidden
+state (before the final norm) of each; the newest output token has none (it was never fed), so
+a sequence of L tokens has L - 1 features. A *dataset* concatenates sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import EngineConfig, SpeculativeConfig
+from ..engine.engine import LLMEngine
+from ..model import LlamaModel, Tokenizer
+from ..sampling_params import SamplingParams
+from ..spec.base import DraftBatch, Drafter, DraftRequest, FedTokens
+from ..spec.features import FeatureStore
+
+
+@dataclass
+class Dataset:
+    """Sequences, concatenated.
+
+    tokens: [S] int64 all sequences' tokens; features: [S, d] their hidden states (a sequence's
+    last token's row is zero: it has none); offsets: [n + 1] int64 sequence starts in S;
+    prompt_lens: [n] int64 tokens of each sequence that are prompt.
+    """
+
+    tokens: torch.Tensor  # [S] int64
+    features: torch.Tensor  # [S, d]
+    offsets: torch.Tensor  # [n + 1] int64
+    prompt_lens: torch.Tensor  # [n] int64
+
+    def __len__(self) -> int:
+        return self.offsets.numel() - 1
+
+    @property
+    def num_output_tokens(self) -> int:
+        return int((self.offsets[1:] - self.offsets[:-1] - self.prompt_lens).sum())
+
+    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:  # [L], [L, d], prompt length
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.tokens[a:b], self.features[a:b], int(self.prompt_lens[i])
+
+    @classmethod
+    def concat(cls, parts: Sequence[Dataset]) -> Dataset:
+        sizes = torch.tensor([0] + [p.tokens.numel() for p in parts]).cumsum(0)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64)]
+                            + [p.offsets[1:] + base for p, base in zip(parts, sizes.tolist())])
+        return cls(torch.cat([p.tokens for p in parts]), torch.cat([p.features for p in parts]), offsets,
+                   torch.cat([p.prompt_lens for p in parts]))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        from safetensors.torch import save_file
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file({"tokens": self.tokens, "features": self.features.to(torch.bfloat16).contiguous(),
+                   "offsets": self.offsets, "prompt_lens": self.prompt_lens}, str(path))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Dataset:
+        from safetensors.torch import load_file
+
+        t = load_file(str(path))
+        return cls(t["tokens"], t["features"].float(), t["offsets"], t["prompt_lens"])
+
+
+class _Recorder(Drafter):
+    """Drafts nothing; keeps every request's fed tokens and hidden states until it finishes."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.hidden_layers = (num_layers,)
+        self.store = FeatureStore()
+        self.finished: dict[str, tuple[list[int], torch.Tensor]] = {}
+
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
+        return DraftBatch([[] for _ in requests])
+
+    def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # [T, d]
+        self.store.observe(fed, hidden)
+
+    def release(self, request_id: str) -> None:
+        """Keeps the request's record (a preempted request's is replaced when it finishes)."""
+        try:
+            start, fed = self.store.tokens(request_id)
+        except KeyError:
+            return
+        if start == 0 and fed:
+            self.finished[request_id] = (fed, self.store.features(request_id, 0, len(fed)))
+        self.store.release(request_id)
+
+
+def record(
+    model: LlamaModel,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str | list[int]],
+    params: Sequence[SamplingParams],
+    config: EngineConfig,
+    chat: bool = True,
+    progress: bool = True,
+) -> Dataset:
+    """Generates an answer to every prompt (text rendered with the chat template when `chat`,
+    or token ids as given) with `params[i]`, recording hidden states on the way."""
+    recorder = _Recorder(model.config.num_layers)
+    engine = LLMEngine(model, tokenizer, dataclasses.replace(config, speculative=SpeculativeConfig()), recorder)
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        text = isinstance(prompt, str)
+        if text and chat:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                   add_generation_prompt=True)
+        # A rendered template writes its own BOS.
+        engine.enqueue(engine.prepare_request(prompt, p, str(i), add_special_tokens=not (text and chat)))
+    outputs = {}
+    bar = tqdm(total=len(prompts), desc="recording", unit="prompt", disable=not progress)
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out
+                bar.update(1)
+    bar.close()
+    tokens, features, lengths, prompt_lens = [], [], [], []
+    for rid in sorted(outputs, key=int):
+        if rid not in recorder.finished or outputs[rid].finish_reason == "error":
+            continue
+        fed, hidden = recorder.finished[rid]
+        full = outputs[rid].prompt_token_ids + outputs[rid].token_ids
+        if fed != full[: len(fed)]:
+            raise RuntimeError(f"request {rid}: the recorded tokens are not its prompt + output")
+        # The newest token was never fed: it ends the sequence with a zero feature row.
+        tokens.append(torch.tensor(full[: len(fed) + 1]))
+        features.append(torch.cat((hidden.float(), hidden.new_zeros(1, hidden.shape[1]).float())))
+        lengths.append(len(fed) + 1)
+        prompt_lens.append(len(outputs[rid].prompt_token_ids))
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    return Dataset(torch.cat(tokens), torch.cat(features), offsets, torch.tensor(prompt_lens))
