@@ -88,6 +88,8 @@ class LLM:
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
         speculation off, whatever `draft` names.
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
+    adaptive: choose each request's K per step from its acceptance (SpeculativeConfig.adaptive);
+        False drafts num_speculative_tokens every step.
     kv_cache_gib: memory for each model's paged KV cache.
     """
 
@@ -105,6 +107,7 @@ class LLM:
         block_size: int = 16,
         progress: bool = True,
         verification: str = "token",
+        adaptive: bool = True,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
@@ -116,6 +119,7 @@ class LLM:
             num_speculative_tokens=num_speculative_tokens,
             draft_model=draft_path,
             verification=verification,
+            adaptive=adaptive,
         )
         # Everything but the model's limits is checked before the (slow) load.
         limits = EngineConfig(

@@ -192,7 +192,11 @@ class MedusaHeads(_Head):
                                     for _ in range(config.num_medusa_heads))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [K, R, N] float32
-        return torch.stack([self.logits(features + F.silu(block(features))) for block in self.blocks])
+        return torch.stack([self.head_logits(k, features) for k in range(len(self.blocks))])
+
+    def head_logits(self, k: int, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [R, N] float32
+        """Head k + 1's logits (0-based k)."""
+        return self.logits(features + F.silu(self.blocks[k](features)))
 
 
 Head = EagleHead | MedusaHeads

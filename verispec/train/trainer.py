@@ -153,8 +153,7 @@ def _medusa_loss(heads: MedusaHeads, dataset: Dataset, batch: list[int], config:
         if source_rows.numel() == 0:
             continue
         chosen = g.index_select(0, source_rows) + noise.index_select(0, source_rows)
-        block = heads.blocks[k - 1]
-        logits = heads.logits(chosen + F.silu(block(chosen)))
+        logits = heads.head_logits(k - 1, chosen)
         with torch.no_grad():
             target_logits = heads.logits(g.index_select(0, goal_rows))
         weight = 0.8 ** (k - 1)

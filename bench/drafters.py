@@ -1,0 +1,138 @@
+"""Drafters side by side on the embedded model: none / n-gram / Medusa / EAGLE.
+
+On the evaluation prompts (bench/prompts/spec_bench.jsonl: conversation, translation,
+summarization, qa, math, rag; never trained on), chat-rendered, fp32, in one process on the
+same weights:
+- batch 1, greedy and temperature 0.7 (seeded): for each drafter, mean tokens emitted per
+  verify step (accepted drafts + 1) and output tokens per second over the whole set, with the
+  ratio to no speculation; per category too (JSON);
+- batch 16 (every prompt at once, in batches of 16), greedy: aggregate output tok/s, with the
+  engine's adaptive K, whose job is never to make speculation slower than none.
+Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K.
+
+    python bench/drafters.py                        # 2 prompts per category, K = 4
+    python bench/drafters.py --per-category 10 --max-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from common import write_json
+
+from verispec import SamplingParams
+from verispec.engine.llm import LLM
+from verispec.spec.metrics import SpecDecodeStats
+
+PROMPTS = Path(__file__).parent / "prompts" / "spec_bench.jsonl"
+DRAFTERS = ("none", "ngram", "medusa", "eagle")
+
+
+def load(per_category: int) -> list[dict[str, str]]:
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    taken: dict[str, int] = defaultdict(int)
+    chosen = []
+    for row in rows:
+        if taken[row["category"]] < per_category:
+            taken[row["category"]] += 1
+            chosen.append(row)
+    return chosen
+
+
+def engines(k: int, adaptive: bool) -> dict[str, LLM]:
+    return {name: LLM(draft=name, num_speculative_tokens=k, adaptive=adaptive, progress=False) for name in DRAFTERS}
+
+
+def chat_ids(llm: LLM, text: str) -> list[int]:
+    rendered = llm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return llm.tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: SamplingParams) -> dict[str, dict]:
+    """Prompt by prompt, every drafter in turn (so drift in the machine's speed hits all alike)."""
+    stats = {name: defaultdict(SpecDecodeStats) for name in llms}
+    tokens = dict.fromkeys(llms, 0)
+    seconds = dict.fromkeys(llms, 0.0)
+    outputs: dict[str, list[list[int]]] = {name: [] for name in llms}
+    for i, row in enumerate(prompts):
+        p = dataclasses.replace(params, seed=i) if params.temperature > 0 else params
+        for name, llm in llms.items():
+            ids = chat_ids(llm, row["prompt"])
+            start = time.perf_counter()
+            out = llm.generate(ids, p, use_tqdm=False)[0]
+            seconds[name] += time.perf_counter() - start
+            tokens[name] += len(out.token_ids)
+            stats[name][row["category"]].merge(out.stats)
+            outputs[name].append(out.token_ids)
+    results = {}
+    for name in llms:
+        total = SpecDecodeStats()
+        for s in stats[name].values():
+            total.merge(s)
+        results[name] = {"tokens": tokens[name], "seconds": seconds[name], "tok_s": tokens[name] / seconds[name],
+                         "mean_acceptance_length": total.mean_acceptance_length,
+                         "per_category": {c: s.mean_acceptance_length for c, s in stats[name].items()},
+                         "outputs": outputs[name]}
+    return results
+
+
+def run_batch(llm: LLM, prompts: list[dict[str, str]], params: SamplingParams, batch: int) -> dict:
+    tokens, seconds = 0, 0.0
+    stats = SpecDecodeStats()
+    for start_index in range(0, len(prompts), batch):
+        ids = [chat_ids(llm, row["prompt"]) for row in prompts[start_index : start_index + batch]]
+        start = time.perf_counter()
+        outs = llm.generate(ids, params, use_tqdm=False)
+        seconds += time.perf_counter() - start
+        tokens += sum(len(o.token_ids) for o in outs)
+        for o in outs:
+            stats.merge(o.stats)
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+            "mean_acceptance_length": stats.mean_acceptance_length}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts = load(args.per_category)
+    rows = []
+    fixed = engines(args.k, adaptive=False)
+    print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, K = {args.k}, "
+          f"{args.threads} threads")
+    print(f"{'batch':>5} {'mode':>7} {'drafter':>7} {'tok/s':>7} {'x none':>6} {'accept len':>10}")
+    for mode, params in (("greedy", SamplingParams(temperature=0, max_tokens=args.max_tokens)),
+                         ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
+        results = run_batch1(fixed, prompts, params)
+        for name, r in results.items():
+            ratio = r["tok_s"] / results["none"]["tok_s"]
+            same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" else None
+            print(f"{1:>5} {mode:>7} {name:>7} {r['tok_s']:7.1f} {ratio:6.2f} {r['mean_acceptance_length']:10.2f}"
+                  + ("" if same is None else f"   same tokens as none: {same}"))
+            rows.append({"batch": 1, "mode": mode, "drafter": name, "speedup_vs_none": ratio,
+                         "same_as_none": same, **{k: v for k, v in r.items() if k != "outputs"}})
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    del fixed
+    results = {name: run_batch(llm, prompts, params, args.batch) for name, llm in engines(args.k, adaptive=True).items()}
+    for name, r in results.items():
+        ratio = r["tok_s"] / results["none"]["tok_s"]
+        print(f"{args.batch:>5} {'greedy':>7} {name:>7} {r['tok_s']:7.1f} {ratio:6.2f} {r['mean_acceptance_length']:10.2f}")
+        rows.append({"batch": args.batch, "mode": "greedy", "drafter": name, "speedup_vs_none": ratio, **r})
+    write_json(args.json, torch.device("cpu"), rows, k=args.k, max_tokens=args.max_tokens,
+               prompts=len(prompts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""EAGLE and Medusa drafters through the engine: greedy output token for token that of plain
+decoding, sampled output distributed as the target (chi-square, false alarm 1e-6), the heads
+reading the target's own hidden states, no leaked blocks, head files."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
+from verispec.engine.kv_cache import BlockManager
+from verispec.engine.runner import Feed, ModelRunner
+from verispec.spec.base import Drafter
+from verispec.spec.eagle import EagleDrafter
+from verispec.spec.heads import HeadConfig, load_head, new_head, save_head
+from verispec.spec.medusa import MedusaDrafter
+
+from .. import learned
+from ..engine.test_cfg import _guided
+from ..engine.test_engine import _dist
+from ..stats import chi_square
+from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
+
+KINDS = ("eagle", "medusa")
+
+
+def _drafter(head) -> Drafter:
+    return EagleDrafter(head, num_blocks=8192, block_size=4) if head.config.kind == "eagle" else MedusaDrafter(head)
+
+
+def _engine(model, drafter: Drafter | None, k: int = 3, max_seqs: int = 64, num_blocks: int = 8192) -> LLMEngine:
+    """K fixed (no adaptive K): every step drafts, so every path of the drafter runs."""
+    spec = SpeculativeConfig(method="none" if drafter is None else "eagle", num_speculative_tokens=k, adaptive=False)
+    config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=4096, max_model_len=512,
+                          cache=CacheConfig(4, num_blocks), speculative=spec)
+    return LLMEngine(model, word_tokenizer(model.config.vocab_size), config, drafter)
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), request_id=str(i))
+    done = run_all(engine)
+    return [done[str(i)].token_ids for i in range(len(prompts))], sum(o.stats.num_accepted_tokens for o in done.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_output_is_plain_decoding_token_for_token(kind: str) -> None:
+    target, prompts = learned.target(), learned.prompts(6, seed=11)
+    plain, _ = _greedy(_engine(target, None), prompts)
+    batched, accepted = _greedy(_engine(target, _drafter(learned.trained(kind))), prompts)
+    assert batched == plain
+    assert accepted > 0  # drafts were accepted and rolled back, not just rejected
+    alone = [_greedy(_engine(target, _drafter(learned.trained(kind))), [p])[0][0] for p in prompts[:2]]
+    assert alone == plain[:2]
+
+
+def _sampled_pairs(target, drafter: Drafter, params: SamplingParams, n: int, prompt: list[int]) -> torch.Tensor:
+    engine = _engine(target, drafter, k=3, max_seqs=1024)
+    for i in range(n):
+        engine.add_request(prompt, dataclasses.replace(params, seed=i))
+    done = run_all(engine)
+    drafted = sum(o.stats.num_draft_tokens for o in done.values())
+    accepted = sum(o.stats.num_accepted_tokens for o in done.values())
+    assert 0 < accepted < drafted  # the head is poor but not useless
+    return torch.tensor([o.token_ids[:2] for o in done.values()])
+
+
+@pytest.mark.parametrize("kind,cfg", [("eagle", False), ("medusa", False), ("eagle", True)])
+def test_sampled_output_follows_the_target(kind: str, cfg: bool) -> None:
+    """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG with a negative prompt):
+    the first two emitted tokens against p1(y1) p2(y2 | y1) from the target itself. The head
+    is untrained and its draft vocabulary leaves tokens 6 and 7 out (q = 0 there)."""
+    vocab = 8
+    target = tiny_model(seed=3, vocab=vocab, scale=0.3)
+    head = new_head(HeadConfig.for_target(kind, target.config, num_medusa_heads=3), target,
+                    torch.arange(6), seed=5)
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, ignore_eos=True,
+                            **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
+    prompt = [1, 2, 3]
+    pairs = _sampled_pairs(target, _drafter(head), params, 20_000, prompt)
+    if cfg:
+        p1 = _guided(target, prompt, [5, 6], params)
+        p2 = torch.stack([_guided(target, prompt + [y], [5, 6, y], params) for y in range(vocab)])
+    else:
+        p1 = _dist(target, prompt, params)
+        p2 = torch.stack([_dist(target, prompt + [y], params) for y in range(vocab)])
+    assert chi_square(pairs[:, 0], p1).passed
+    assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
+
+
+def _hidden(model, tokens: list[int]) -> torch.Tensor:  # [len(tokens), d] last layer, fresh cache
+    blocks = BlockManager(64, 4)
+    blocks.allocate("s", len(tokens))
+    return ModelRunner(model, blocks).forward_hidden([Feed("s", tokens, 0, 1)], (model.config.num_layers,))[1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_heads_read_the_targets_own_hidden_states(kind: str) -> None:
+    """Every feature a drafter hands its head, across prefill, accepted and rejected drafts,
+    CFG companions and preemption, is the target's hidden state of that position computed
+    afresh from the request's tokens."""
+    target = learned.target()
+    drafter = _drafter(learned.trained(kind))
+    tokens_of: dict[str, list[int]] = {}
+    checked = []
+    propose, features = drafter.propose, drafter.store.features
+
+    def spy_propose(requests):
+        tokens_of.update({r.request_id: list(r.token_ids) for r in requests})
+        return propose(requests)
+
+    def spy_features(rid, begin, end):
+        got = features(rid, begin, end)
+        expected = _hidden(target, tokens_of[rid][:end])[begin:end]
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        checked.append(end - begin)
+        return got
+
+    drafter.propose, drafter.store.features = spy_propose, spy_features
+    engine = _engine(target, drafter, k=3, num_blocks=40)  # small enough to preempt
+    for i, p in enumerate(learned.prompts(8, seed=5)):
+        params = SamplingParams(temperature=0.9, seed=i, max_tokens=20, ignore_eos=True,
+                                **({"guidance_scale": 1.5} if i % 3 == 0 else {}))
+        engine.add_request(p, params)
+    run_all(engine)
+    assert sum(checked) > 8 * 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_finished_requests_leave_no_drafter_state(kind: str) -> None:
+    drafter = _drafter(learned.trained(kind))
+    engine = _engine(learned.target(), drafter)
+    for i, p in enumerate(learned.prompts(6, seed=2)):
+        rid = engine.add_request(p, SamplingParams(temperature=0.8, seed=i, max_tokens=16, ignore_eos=True))
+        if i == 3:
+            engine.step()
+            engine.abort(rid)
+    run_all(engine)
+    assert not drafter.store._entries
+    if kind == "eagle":
+        assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks and not drafter._confirmed
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_head_files_round_trip_and_name_what_is_wrong(kind: str, tmp_path) -> None:
+    head = learned.trained(kind)
+    path = tmp_path / "head.safetensors"
+    save_head(head, path, dtype=torch.float32)
+    loaded = load_head(path, learned.target())
+    assert loaded.config == head.config and torch.equal(loaded.draft_vocab, head.draft_vocab)
+    for name, p in head.own_state().items():
+        assert torch.equal(loaded.own_state()[name], p)
+    other = tiny_model(seed=0, vocab=16)
+    with pytest.raises(ValueError, match=r"head\.safetensors.* vocab_size=32; this target has vocab_size=16"):
+        load_head(path, other)
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    with pytest.raises(ValueError, match=r"plain\.safetensors.* is not a verispec draft head"):
+        load_head(tmp_path / "plain.safetensors", learned.target())
+
+
+def test_llm_takes_a_head_file_and_refuses_the_shipped_head_for_another_model(tmp_path) -> None:
+    tiny_checkpoint(tmp_path / "model", vocab=16)
+    plain = LLM(model=str(tmp_path / "model"), draft="none", progress=False)
+    head = new_head(HeadConfig.for_target("eagle", plain.model.config), plain.model, torch.arange(16))
+    save_head(head, tmp_path / "eagle.safetensors")
+    llm = LLM(model=str(tmp_path / "model"), draft=str(tmp_path / "eagle.safetensors"), progress=False)
+    assert isinstance(llm.engine.drafter, EagleDrafter)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert llm.generate("t1 t2 t3", params)[0].token_ids == plain.generate("t1 t2 t3", params)[0].token_ids
+    with pytest.raises(ValueError, match="train-drafter --kind medusa"):
+        LLM(model=str(tmp_path / "model"), draft="medusa", progress=False)

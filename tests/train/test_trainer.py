@@ -1,0 +1,118 @@
+"""Self-distillation on a tiny random target: recording, training, resuming, evaluating, and
+`verispec train-drafter` end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+from verispec.cli import main
+from verispec.engine.kv_cache import BlockManager
+from verispec.engine.runner import Feed, ModelRunner
+from verispec.spec.heads import head_kind, load_head
+from verispec.train import trainer
+from verispec.train.command import acceptance, draft_vocabulary
+from verispec.train.trainer import TrainConfig, train
+
+from .. import learned
+from ..tiny import tiny_checkpoint, word_tokenizer
+
+
+def test_recording_holds_each_answer_and_the_targets_hidden_states() -> None:
+    data, target = learned.dataset(), learned.target()
+    assert len(data) == 48
+    for i in (0, 1, 17):
+        tokens, features, prompt_len = data.sequence(i)
+        assert tokens[:prompt_len].tolist() == learned.prompts(48, seed=0)[i]
+        assert tokens.numel() == prompt_len + 32  # the whole answer, its last token without a feature
+        blocks = BlockManager(64, 4)
+        blocks.allocate("s", tokens.numel() - 1)
+        _, hidden = ModelRunner(target, blocks).forward_hidden(
+            [Feed("s", tokens[:-1].tolist(), 0, 1)], (target.config.num_layers,))
+        torch.testing.assert_close(features[:-1], hidden, atol=1e-4, rtol=1e-4)
+        assert not features[-1].any()
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_training_lowers_the_loss_and_raises_held_out_acceptance(kind: str) -> None:
+    head = learned.untrained(kind)
+    losses = train(head, learned.dataset(), TrainConfig(epochs=6, batch_tokens=512, lr=3e-3, warmup_steps=3),
+                   progress=False)
+    assert sum(losses[-4:]) / 4 < 0.8 * sum(losses[:4]) / 4
+    held_out = learned.prompts(12, seed=7)
+    tokenizer = word_tokenizer(learned.VOCAB)
+    before = acceptance(learned.target(), tokenizer, learned.untrained(kind), held_out, 3, 24)
+    after = acceptance(learned.target(), tokenizer, head, held_out, 3, 24)
+    assert after > before
+
+
+def test_an_interrupted_run_resumes_to_the_same_head(tmp_path, monkeypatch) -> None:
+    config = TrainConfig(epochs=2, batch_tokens=512, lr=3e-3, warmup_steps=2, checkpoint_every=3)
+    whole = learned.untrained("eagle")
+    full_losses = train(whole, learned.dataset(), config, checkpoint_dir=tmp_path / "whole", progress=False)
+
+    interrupted = learned.untrained("eagle")
+    real_loss = trainer._eagle_loss
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_loss(*args)
+
+    monkeypatch.setattr(trainer, "_eagle_loss", failing)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, learned.dataset(), config, checkpoint_dir=tmp_path / "cut", progress=False)
+    monkeypatch.setattr(trainer, "_eagle_loss", real_loss)
+    resumed = learned.untrained("eagle")
+    rest = train(resumed, learned.dataset(), config, checkpoint_dir=tmp_path / "cut", progress=False)
+    assert 0 < len(rest) < len(full_losses) - 1  # at least one finished step was lost with the crash
+    for name, p in whole.own_state().items():
+        torch.testing.assert_close(resumed.own_state()[name], p)
+    # A finished run's checkpoint leaves nothing to do.
+    assert train(learned.untrained("eagle"), learned.dataset(), config, checkpoint_dir=tmp_path / "whole",
+                 progress=False) == []
+
+
+def test_draft_vocabulary_is_the_most_used_output_tokens() -> None:
+    data = learned.dataset()
+    vocab = draft_vocabulary(data, 8, always=(31,))
+    assert vocab.tolist() == sorted(vocab.tolist()) and 31 in vocab.tolist() and len(vocab) == 8
+    outputs = torch.cat([data.sequence(i)[0][data.sequence(i)[2]:] for i in range(len(data))])
+    counts = torch.bincount(outputs, minlength=learned.VOCAB)
+    chosen = [t for t in vocab.tolist() if t != 31]
+    others = [t for t in range(learned.VOCAB) if t not in vocab.tolist()]
+    assert min(counts[chosen]) >= max(counts[others])
+
+
+def test_train_drafter_command_writes_a_head_the_cli_and_llm_use(tmp_path, capsys) -> None:
+    tiny_checkpoint(tmp_path / "model", vocab=16)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "x", "prompt": " ".join(f"t{(i * 7 + j) % 16}" for j in range(4))})
+                               + "\n" for i in range(20)))
+    out = tmp_path / "medusa.safetensors"
+    args = ["train-drafter", "--kind", "medusa", "--model", str(tmp_path / "model"), "--prompts", str(prompts),
+            "--max-tokens", "12", "--eval-tokens", "8", "--held-out-every", "5", "--draft-vocab", "12",
+            "--epochs", "2", "--batch-tokens", "256", "-k", "2", "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["prompts"] == 16 and report["held_out_prompts"] == 4 and report["draft_vocab"] == 12
+    assert head_kind(out) == "medusa"
+    assert "held-out mean acceptance length at K=2" in capsys.readouterr().out
+    # Running again resumes from the cache: nothing is recorded twice.
+    assert main(args) == 0
+    assert "recording prompts" not in capsys.readouterr().out
+    llm = LLM(model=str(tmp_path / "model"), draft=str(out), progress=False)
+    assert load_head(out, llm.model).draft_vocab.numel() == 12
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    plain = LLM(model=str(tmp_path / "model"), draft="none", progress=False)
+    assert llm.generate("t1 t2", params)[0].token_ids == plain.generate("t1 t2", params)[0].token_ids
+    assert main(["generate", "--model", str(tmp_path / "model"), "--draft", str(out), "--temperature", "0",
+                 "--max-tokens", "6", "--no-chat", "t3 t4"]) == 0
+    assert main(args[:-2] + ["--out", str(out), "--draft-vocab", "99"]) == 2
+    assert "--draft-vocab=99 is invalid" in capsys.readouterr().err
