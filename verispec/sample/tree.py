@@ -38,8 +38,9 @@ emitted token follows the node's target distribution: conditioned on the rejecti
 x_i ~ q_i, so each test is an ordinary rejection step whose residual does not depend on x_i.
 Deterministic drafts use q_i one-hot at x_i: acceptance with probability p(x_i), residual p
 with x_i zeroed; the two rules coincide (a repeated token has p(x) = 0 by then and is
-rejected). Greedy requests descend to the first child whose token is the argmax of the current
-row and emit the argmax of the last row.
+rejected). Greedy requests take the longest path on which every token is the argmax of the row
+before it (the first in node order among equally long ones: siblings drafting one token share
+their context, so any such path is a prefix of greedy decoding) and emit the argmax after it.
 
 p and q are the distributions after the request's pipeline: the rows go through rejection.py's
 pre-stage (penalties count the tokens of the path to each row) and process_logits, as in
@@ -51,8 +52,9 @@ the SAMPLE uniform at counter r, the index within the request of the row it is d
 (0 for the root, j + 1 for node j). Seeded requests are therefore batch invariant, and a chain
 draws exactly the numbers rejection_sample does: it emits the same tokens.
 
-Vectorised over requests: one Python loop over depth and, inside, one over sibling rank, each
-step on [B, V] rows. Finding the depth reads one flag per level from the device, as does the
+Vectorised over requests: greedy requests without a loop (the ancestors of every node); sampled
+ones with one Python loop over depth and, inside, one over sibling rank, each step on [B, V]
+rows. Finding the depth reads one flag per level from the device, as does the
 widest sibling group (the output's width needs them on the host).
 """
 
@@ -125,6 +127,7 @@ class _Tree(NamedTuple):
     node_start: torch.Tensor  # [B] global index of each request's first node
     root_row: torch.Tensor  # [B] global row of each root
     node_row: torch.Tensor  # [N] global row of the distribution after each node
+    parent_row: torch.Tensor  # [N] global row of the distribution each node was drawn for
     local: torch.Tensor  # [N] index of each node within its request
     ancestors: torch.Tensor  # [N, max_depth] global node, parent, grandparent ..., then -1
     children: torch.Tensor  # [N + B, max_width] global child nodes of each row's node in node order, then -1
@@ -168,7 +171,7 @@ def _structure(
     children[parent_row, rank] = position
     return _Tree(
         req_of_row=lay.req_of_row, req_of_node=lay.req_of_draft, node_start=lay.draft_start,
-        root_row=root_row, node_row=node_row, local=lay.pos_of_draft, ancestors=ancestors, children=children,
+        root_row=root_row, node_row=node_row, parent_row=parent_row, local=lay.pos_of_draft, ancestors=ancestors, children=children,
     )
 
 
@@ -197,22 +200,69 @@ def _walk(
     draft: Draft,
     with_replacement: torch.Tensor,  # [B] bool
 ) -> TreeOutput:
+    row_argmax = target.max(dim=-1).indices  # [N + B]
+    path, num_accepted, final_token = _greedy(row_argmax, ids, tree)
+    if not sampling.all_greedy:
+        sampled = _sampled(target, ids, tree, sampling, draft, with_replacement)
+        greedy = sampling.is_greedy
+        path = torch.where(greedy[:, None], path, sampled[0])
+        num_accepted = torch.where(greedy, num_accepted, sampled[1])
+        final_token = torch.where(greedy, final_token, sampled[2])
+    return _output(ids, tree, path, num_accepted, final_token)
+
+
+def _greedy(
+    row_argmax: torch.Tensor,  # [N + B]
+    ids: torch.Tensor,  # [N]
+    tree: _Tree,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # path [B, max_depth], num_accepted [B], final token [B]
+    """The deepest node whose path matches the argmax of every row on it (the first in node
+    order among equally deep ones), and the argmax after it."""
+    batch = tree.root_row.shape[0]
+    anc = tree.ancestors  # [N, D]
+    num_nodes, max_depth = anc.shape
+    device = ids.device
+    if num_nodes == 0:
+        return anc.new_zeros(batch, 0), anc.new_zeros(batch), row_argmax[tree.root_row]
+    match = ids == row_argmax[tree.parent_row]  # [N]
+    on_path = anc >= 0
+    good = torch.where(on_path, match[anc.clamp(min=0)], True).all(dim=1)  # [N]
+    depth = on_path.sum(dim=1)  # [N]
+    # One key per node, largest for the deepest good node, then for the first in node order.
+    key = torch.where(good, depth * (num_nodes + 1) + num_nodes - tree.local, 0)
+    best = torch.zeros(batch, dtype=torch.int64, device=device).scatter_reduce(0, tree.req_of_node, key, "amax")
+    num_accepted = best // (num_nodes + 1)
+    found = num_accepted > 0
+    node = torch.where(found, tree.node_start + num_nodes - best % (num_nodes + 1), 0)  # [B] global
+    final_token = row_argmax[torch.where(found, tree.node_row[node], tree.root_row)]
+    # The path from the root: the ancestor at depth d + 1 sits in column num_accepted - 1 - d.
+    column = num_accepted[:, None] - 1 - torch.arange(max_depth, device=device)[None, :]  # [B, D]
+    on_chain = anc[node].gather(1, column.clamp(min=0))
+    path = torch.where(column >= 0, tree.local[on_chain.clamp(min=0)], PLACEHOLDER_TOKEN_ID)
+    return path, num_accepted, final_token
+
+
+def _sampled(
+    target: torch.Tensor,  # [N + B, V] processed target logits
+    ids: torch.Tensor,  # [N] clamped node tokens
+    tree: _Tree,
+    sampling: SamplingMetadata,
+    draft: Draft,
+    with_replacement: torch.Tensor,  # [B] bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # path [B, max_depth], num_accepted [B], final token [B]
+    """The rule of the module docstring, one depth per step; greedy requests ride along unused."""
     batch = tree.root_row.shape[0]
     vocab = target.shape[1]
     device = target.device
     max_depth = tree.ancestors.shape[1]
     requests = torch.arange(batch, device=device)
-    sampled = not sampling.all_greedy
-    row_argmax = target.max(dim=-1).indices  # [N + B]
-
     row = tree.root_row.clone()  # [B] the current node's row
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
     path = torch.full((batch, max_depth), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
     final_token = torch.zeros(batch, dtype=torch.int64, device=device)
     for depth in range(max_depth + 1):
-        argmax = row_argmax[row]  # [B]
-        p = target[row].softmax(dim=-1) if sampled else None  # [B, V] the current (residual) target
+        p = target[row].softmax(dim=-1)  # [B, V] the current (residual) target
         removed = torch.zeros(batch, vocab, dtype=torch.bool, device=device)  # siblings rejected so far
         moved = torch.zeros(batch, dtype=torch.bool, device=device)
         next_row = row
@@ -221,26 +271,20 @@ def _walk(
             live = ~stopped & ~moved & (child >= 0)
             node = child.clamp(min=0)
             x = ids[node]
-            hit = x == argmax
-            if sampled:
-                ok, p = _test(p, x, node, removed, draft, sampling, with_replacement, tree, live)
-                hit = torch.where(sampling.is_greedy, hit, ok)
-                removed[requests, x] |= live & ~hit
-            accept = live & hit
+            accept, p = _test(p, x, node, removed, draft, sampling, with_replacement, tree, live)
+            accept &= live
+            removed[requests, x] |= live & ~accept
             moved |= accept
             next_row = torch.where(accept, tree.node_row[node], next_row)
             if depth < max_depth:
                 path[:, depth] = torch.where(accept, tree.local[node], path[:, depth])
         stop = ~stopped & ~moved
-        token = argmax
-        if sampled:
-            u = uniform(sampling.keys, row - tree.root_row, SAMPLE)
-            token = torch.where(sampling.is_greedy, argmax, sample_inverse_cdf(p, u))
-        final_token = torch.where(stop, token, final_token)
+        u = uniform(sampling.keys, row - tree.root_row, SAMPLE)
+        final_token = torch.where(stop, sample_inverse_cdf(p, u), final_token)
         num_accepted += moved.to(torch.int64)
         stopped |= stop
         row = next_row
-    return _output(ids, tree, path, num_accepted, final_token)
+    return path, num_accepted, final_token
 
 
 def _test(
