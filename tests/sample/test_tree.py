@@ -17,14 +17,28 @@ from verispec.sample import DraftLogits, DraftProbs, rejection_sample
 from verispec.sample.rng import ACCEPT, SAMPLE, uniform
 from verispec.sample.tree import verify_tree
 
-from .tree_world import KINDS, SHAPES, TreeWorld, tree_sampler
+from .tree_world import KINDS, TreeWorld, tree_sampler
 
-N = 30_000
+N = 20_000
 
-# Disjoint drafts have 3 tokens of support: the wide shape's 4 siblings cannot all be drawn
-# without replacement.
-DRAFTS = [(shape, kind, replacement) for shape in SHAPES for kind in KINDS for replacement in (True, False)
-          if not (kind == "disjoint" and shape == "wide" and not replacement)]
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Rows of 6 tokens gain nothing from intra-op threads; on a loaded 2-core machine the
+    threads only wait for each other (5x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# Every kind of draft with and without replacement on the mixed tree; the wide tree (4 siblings
+# under the root) and the chain with a few. Disjoint drafts have 3 tokens of support: the wide
+# tree's 4 siblings cannot all be drawn from them without replacement.
+DRAFTS = [("mixed", kind, replacement) for kind in KINDS for replacement in (True, False)] + [
+    ("wide", "uniform", True), ("wide", "overconfident", False), ("wide", "onehot", True),
+    ("wide", "same", False), ("wide", "logits", True), ("chain", "uniform", True), ("chain", "logits", False),
+]
 
 PIPELINES = [
     (SamplingParams(temperature=0.7), "logits"),
@@ -49,10 +63,11 @@ def test_emitted_tokens_follow_target(shape: str, kind: str, replacement: bool) 
     _check(TreeWorld(SamplingParams(), kind, shape, replacement, seed=len(kind) + 10 * len(shape)))
 
 
-@pytest.mark.parametrize("params,kind", PIPELINES, ids=[repr(p) for p, _ in PIPELINES])
-@pytest.mark.parametrize("replacement", [True, False], ids=["with", "without"])
-def test_pipelines_follow_target(params: SamplingParams, kind: str, replacement: bool) -> None:
-    _check(TreeWorld(params, kind, "mixed", replacement, seed=7, prompt=(2, 5), output=(1, 3, 1)))
+@pytest.mark.parametrize("case", range(len(PIPELINES)))
+def test_pipelines_follow_target(case: int) -> None:
+    """Half of the pipelines with replacement, half without."""
+    params, kind = PIPELINES[case]
+    _check(TreeWorld(params, kind, "mixed", case % 2 == 0, seed=7 + case, prompt=(2, 5), output=(1, 3, 1)))
 
 
 # ---------------------------------------------------------------- power: wrong rules fail
@@ -81,8 +96,7 @@ def naive_wide(target, ids, parents, cu, sampling, draft, uncond, replacement) -
 
 
 def test_naive_multi_draft_rule_fails_the_statistic() -> None:
-    world = TreeWorld(SamplingParams(), "uniform", "wide", True, seed=3)
-    assert all(r.passed for r in world.tests(N).values())
+    world = TreeWorld(SamplingParams(), "uniform", "wide", True, seed=3)  # the right rule: in DRAFTS
     results = world.tests(N, sampler=naive_wide)
     assert results["position 1"].statistic > results["position 1"].threshold, results
     assert results["joint 2"].statistic > results["joint 2"].threshold, results

@@ -137,9 +137,10 @@ class TreeWorld:
         emitted = [[t for t in row if t >= 0] for row in out.tolist()]
         step = 1
         while True:
-            short = [b for b, e in enumerate(emitted) if len(e) < LENGTH]
-            if not short:
+            shortest = min(len(e) for e in emitted)
+            if shortest >= LENGTH:
                 break
+            short = [b for b, e in enumerate(emitted) if len(e) == shortest]
             prefixes = torch.tensor([emitted[b] for b in short])
             rows = prefix_code(prefixes)
             sampling = self._sampling([seeds[b] for b in short], [step] * len(short),
@@ -162,7 +163,7 @@ class TreeWorld:
     def joint(self, length: int) -> torch.Tensor:  # [V**length] float64 target probability of each sequence
         probs = torch.ones(1, dtype=torch.float64)
         for i in range(length):
-            sequences = torch.tensor(list(itertools.product(range(V), repeat=i)), dtype=torch.int64).reshape(-1, i)
+            sequences = torch.tensor(list(itertools.product(range(V), repeat=i)), dtype=torch.int64).reshape(V**i, i)
             probs = (probs[:, None] * self.p[prefix_code(sequences)]).reshape(-1)
         return probs
 
