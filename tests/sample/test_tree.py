@@ -17,6 +17,7 @@ from verispec.sample import DraftLogits, DraftProbs, rejection_sample
 from verispec.sample.rng import ACCEPT, SAMPLE, uniform
 from verispec.sample.tree import verify_tree
 
+from ..stats import chi_square
 from .tree_world import KINDS, TreeWorld, tree_sampler
 
 N = 20_000
@@ -161,7 +162,6 @@ def test_empty_trees_emit_one_token_from_the_root_row() -> None:
                       SamplingMetadata.from_params([SamplingParams()] * n, seeds=list(range(n))))
     assert out.token_ids.shape == (n, 1) and out.accepted_nodes.shape == (n, 0)
     assert bool((out.num_accepted == 0).all())
-    from ..stats import chi_square
     assert chi_square(out.token_ids[:, 0], root.double().softmax(0)).passed
 
 
@@ -257,6 +257,27 @@ def test_counters_one_accept_per_node_and_the_sample_at_the_final_row() -> None:
     weights = torch.where((first | second)[:, None], p, torch.tensor([0.1, 0.2, 0.0, 0.0]) / 0.3)
     expected = (s[:, None] * weights.sum(-1, keepdim=True) >= weights.double().cumsum(-1)).sum(-1)
     assert torch.equal(out.token_ids[torch.arange(n), out.num_accepted], expected)
+
+
+def test_placeholder_nodes_drafted_nothing() -> None:
+    """Without validation a -1 node is never accepted (its clamped id 0 holds almost all of p)
+    and never rejected: its sibling's test and the emitted token see the whole p."""
+    n = 4000
+    p = torch.tensor([0.9, 0.05, 0.03, 0.02])
+    target = p.log().repeat(4 * n, 1)
+    ids = torch.tensor([-1, 0, 1]).repeat(n)  # node 1 is the placeholder's child
+    sampling = SamplingMetadata.from_params([SamplingParams()] * n, seeds=list(range(n)))
+    out = verify_tree(target, ids, torch.tensor([-1, 0, -1]).repeat(n), torch.arange(n + 1) * 3, sampling,
+                      validate=False)
+    u = uniform(sampling.keys, torch.full((n,), 2), ACCEPT)
+    assert torch.equal(out.accepted_nodes[:, 0], torch.where(u < 0.05, 2, -1))
+    rejected = out.num_accepted == 0
+    residual = torch.tensor([0.9, 0.0, 0.03, 0.02], dtype=torch.float64) / 0.95
+    assert chi_square(out.token_ids[rejected, 0], residual).passed
+    greedy = SamplingMetadata.from_params([SamplingParams(temperature=0)] * n, seeds=list(range(n)))
+    out = verify_tree(target, ids, torch.tensor([-1, 0, -1]).repeat(n), torch.arange(n + 1) * 3, greedy,
+                      validate=False)
+    assert bool((out.num_accepted == 0).all()) and bool((out.token_ids[:, 0] == 0).all())
 
 
 # ---------------------------------------------------------------- bad input

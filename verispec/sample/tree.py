@@ -42,6 +42,9 @@ rejected). Greedy requests take the longest path on which every token is the arg
 before it (the first in node order among equally long ones: siblings drafting one token share
 their context, so any such path is a prefix of greedy decoding) and emit the argmax after it.
 
+Without validation, a node whose id is out of range (a -1 placeholder) drafted nothing: it is
+never tested (p stays as it is) and its subtree is never reached.
+
 p and q are the distributions after the request's pipeline: the rows go through rejection.py's
 pre-stage (penalties count the tokens of the path to each row) and process_logits, as in
 rejection_sample.
@@ -96,14 +99,13 @@ def verify_tree(
     """Verify every request's draft tree against its target rows (layout and rule: the module
     docstring). The emitted tokens are distributed exactly as sampling token by token from the
     target, whatever the drafts. `validate` checks values too (reads the tensors)."""
-    batch = sampling.batch_size if isinstance(sampling, SamplingMetadata) else 0
     if validate:
         _validate(target_logits, node_token_ids, cu_num_nodes, sampling, draft, uncond_logits,
                   ids_name="node_token_ids", cu_name="cu_num_nodes")
-        _validate_tree(node_token_ids, node_parents, cu_num_nodes, replacement, batch)
+        _validate_tree(node_token_ids, node_parents, cu_num_nodes, replacement, sampling.batch_size)
     device = target_logits.device
     vocab = target_logits.shape[1]
-    tree = _structure(node_parents, cu_num_nodes, target_logits.shape[0], device)
+    tree = _structure(node_parents, node_token_ids, cu_num_nodes, target_logits.shape[0], vocab)
     ids = node_token_ids.to(device=device, dtype=torch.int64).clamp(0, vocab - 1)
     if sampling.adjustments is not None:
         before_target, before_draft = _path_tokens(ids, tree)
@@ -114,7 +116,7 @@ def verify_tree(
     if isinstance(replacement, torch.Tensor):
         with_replacement = replacement.to(device=device, dtype=torch.bool)
     else:
-        with_replacement = torch.full((batch,), bool(replacement), device=device)
+        with_replacement = torch.full((sampling.batch_size,), bool(replacement), device=device)
     target = process_logits(target_logits, tree.req_of_row, sampling, uncond_logits)  # [N + B, V]
     return _walk(target, ids, tree, sampling, draft, with_replacement)
 
@@ -129,16 +131,19 @@ class _Tree(NamedTuple):
     node_row: torch.Tensor  # [N] global row of the distribution after each node
     parent_row: torch.Tensor  # [N] global row of the distribution each node was drawn for
     local: torch.Tensor  # [N] index of each node within its request
+    drafted: torch.Tensor  # [N] bool: the id is in range (without validation a -1 slot drafted nothing)
     ancestors: torch.Tensor  # [N, max_depth] global node, parent, grandparent ..., then -1
     children: torch.Tensor  # [N + B, max_width] global child nodes of each row's node in node order, then -1
 
 
 def _structure(
     node_parents: torch.Tensor,  # [N]
+    node_token_ids: torch.Tensor,  # [N]
     cu_num_nodes: torch.Tensor,  # [B + 1]
     num_rows: int,
-    device: torch.device,
+    vocab: int,
 ) -> _Tree:
+    device = node_token_ids.device
     lay = _layout(cu_num_nodes, num_rows, device)
     num_nodes = lay.req_of_draft.shape[0]
     parents = node_parents.to(device=device, dtype=torch.int64)
@@ -171,7 +176,8 @@ def _structure(
     children[parent_row, rank] = position
     return _Tree(
         req_of_row=lay.req_of_row, req_of_node=lay.req_of_draft, node_start=lay.draft_start,
-        root_row=root_row, node_row=node_row, parent_row=parent_row, local=lay.pos_of_draft, ancestors=ancestors, children=children,
+        root_row=root_row, node_row=node_row, parent_row=parent_row, local=lay.pos_of_draft,
+        drafted=(node_token_ids >= 0) & (node_token_ids < vocab), ancestors=ancestors, children=children,
     )
 
 
@@ -224,7 +230,7 @@ def _greedy(
     device = ids.device
     if num_nodes == 0:
         return anc.new_zeros(batch, 0), anc.new_zeros(batch), row_argmax[tree.root_row]
-    match = ids == row_argmax[tree.parent_row]  # [N]
+    match = tree.drafted & (ids == row_argmax[tree.parent_row])  # [N]
     on_path = anc >= 0
     good = torch.where(on_path, match[anc.clamp(min=0)], True).all(dim=1)  # [N]
     depth = on_path.sum(dim=1)  # [N]
@@ -268,8 +274,8 @@ def _sampled(
         next_row = row
         for rank in range(tree.children.shape[1]):
             child = tree.children[row, rank]  # [B]
-            live = ~stopped & ~moved & (child >= 0)
             node = child.clamp(min=0)
+            live = ~stopped & ~moved & (child >= 0) & tree.drafted[node]
             x = ids[node]
             accept, p = _test(p, x, node, removed, draft, sampling, with_replacement, tree, live)
             accept &= live
