@@ -347,12 +347,10 @@ def _output(
     num_accepted: torch.Tensor,  # [B]
     final_token: torch.Tensor,  # [B]
 ) -> TreeOutput:
-    batch, max_depth = path.shape
-    slot = torch.arange(max_depth + 1, device=path.device)[None, :]
+    slot = torch.arange(path.shape[1] + 1, device=path.device)[None, :]
     n = num_accepted[:, None]
-    tokens = torch.full((batch, max_depth + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=path.device)
-    if ids.numel():
-        tokens[:, :max_depth] = torch.where(path >= 0, ids[(path + tree.node_start[:, None]).clamp(min=0)], tokens[:, :max_depth])
+    on_path = ids[(path + tree.node_start[:, None]).clamp(min=0)]  # [B, max_depth], read before slot n only
+    tokens = torch.cat([on_path, final_token[:, None]], dim=1)
     token_ids = torch.where(slot < n, tokens, torch.where(slot == n, final_token[:, None], PLACEHOLDER_TOKEN_ID))
     return TreeOutput(token_ids, num_accepted + 1, num_accepted, path)
 
