@@ -57,8 +57,8 @@ draws exactly the numbers rejection_sample does: it emits the same tokens.
 
 Vectorised over requests: greedy requests without a loop (the ancestors of every node); sampled
 ones with one Python loop over depth and, inside, one over sibling rank, each step on [B, V]
-rows. Finding the depth reads one flag per level from the device, as does the
-widest sibling group (the output's width needs them on the host).
+rows; no loop over requests. Two kinds of host reads: one flag per tree level (the depth) and
+the widest sibling group, which size the loops and the output.
 """
 
 from __future__ import annotations
