@@ -2,6 +2,7 @@
 
 from .metadata import SamplingMetadata
 from .rejection import rejection_sample, rejection_sample_probs
+from .tree import TreeOutput, verify_tree
 from .types import PLACEHOLDER_TOKEN_ID, DraftLogits, DraftProbs, RejectionOutput
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "DraftProbs",
     "RejectionOutput",
     "SamplingMetadata",
+    "TreeOutput",
     "rejection_sample",
     "rejection_sample_probs",
+    "verify_tree",
 ]

@@ -35,7 +35,7 @@ import torch
 
 from . import validation as check
 from .metadata import SamplingMetadata
-from .penalties import preceding_drafts
+from .penalties import PrecedingTokens, preceding_drafts
 from .processors import guide_and_adjust, process_logits
 from .rng import ACCEPT, SAMPLE, uniform
 from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs, RejectionOutput
@@ -104,28 +104,48 @@ def adjust_rows(
     uncond_logits: torch.Tensor | None,  # [N, V]
     max_k: int,
 ) -> tuple[torch.Tensor, Draft, SamplingMetadata]:
-    """The pre-stage for penalties, logit bias and token masks, shared by both backends.
-
-    Rows of requests that adjust their logits leave guided and adjusted (guide_and_adjust),
-    their guidance scale set to 1, and `adjustments` dropped from the metadata: each backend
-    then runs its usual pipeline (CFG for the other requests, temperature, filters) unchanged,
-    the Triton kernels included. Target row j of a request is penalised with the history
-    output + x_1..x_j (the drafts before its prediction); so is the DraftLogits row that
-    proposed x_{j+1}. Rows of other requests are returned as they came (as float32).
-    """
-    adj = sampling.adjustments
+    """The pre-stage for penalties, logit bias and token masks of a chain, shared by both
+    backends: adjust_with_history, where target row j of a request is penalised with the
+    history output + x_1..x_j (the drafts before its prediction), and so is the DraftLogits row
+    that proposed x_{j+1}."""
     num_rows, vocab = target_logits.shape
     lay = _layout(cu_num_draft_tokens, num_rows, target_logits.device)
     ids = draft_token_ids.to(torch.int64).clamp(0, vocab - 1)
     later = lay.num_draft[lay.req_of_draft] - lay.pos_of_draft  # [D] target rows after each draft
     before_target = preceding_drafts(ids, lay.row_of_draft + 1, later, max_k)
-    adjusted = guide_and_adjust(target_logits, lay.req_of_row, sampling, uncond_logits, before_target)
-    target_logits = torch.where(adj.adjusts[lay.req_of_row][:, None], adjusted, target_logits.float())
+    before_draft = None
     if isinstance(draft, DraftLogits):
         draft_rows = torch.arange(ids.shape[0], device=ids.device)
         before_draft = preceding_drafts(ids, draft_rows + 1, later - 1, max_k)
-        adjusted = guide_and_adjust(draft.logits, lay.req_of_draft, sampling, None, before_draft)
-        draft = DraftLogits(torch.where(adj.adjusts[lay.req_of_draft][:, None], adjusted, draft.logits.float()))
+    return adjust_with_history(
+        target_logits, lay.req_of_row, lay.req_of_draft, sampling, draft, uncond_logits, before_target, before_draft
+    )
+
+
+def adjust_with_history(
+    target_logits: torch.Tensor,  # [N, V]
+    req_of_row: torch.Tensor,  # [N] int64, the request of each target row
+    req_of_draft: torch.Tensor,  # [D] int64, the request of each draft row
+    sampling: SamplingMetadata,
+    draft: Draft,
+    uncond_logits: torch.Tensor | None,  # [N, V]
+    before_target: PrecedingTokens,
+    before_draft: PrecedingTokens | None,  # needed when draft is DraftLogits
+) -> tuple[torch.Tensor, Draft, SamplingMetadata]:
+    """The pre-stage given each row's drafted history (chains: adjust_rows; trees: the path
+    to the row, verispec.sample.tree).
+
+    Rows of requests that adjust their logits leave guided and adjusted (guide_and_adjust),
+    their guidance scale set to 1, and `adjustments` dropped from the metadata: each verifier
+    then runs its usual pipeline (CFG for the other requests, temperature, filters) unchanged,
+    the Triton kernels included. Rows of other requests are returned as they came (as float32).
+    """
+    adj = sampling.adjustments
+    adjusted = guide_and_adjust(target_logits, req_of_row, sampling, uncond_logits, before_target)
+    target_logits = torch.where(adj.adjusts[req_of_row][:, None], adjusted, target_logits.float())
+    if isinstance(draft, DraftLogits):
+        adjusted = guide_and_adjust(draft.logits, req_of_draft, sampling, None, before_draft)
+        draft = DraftLogits(torch.where(adj.adjusts[req_of_draft][:, None], adjusted, draft.logits.float()))
     sampling = dataclasses.replace(
         sampling,
         guidance_scale=torch.where(adj.adjusts, 1.0, sampling.guidance_scale),
@@ -270,20 +290,23 @@ def _validate(
     sampling: SamplingMetadata,
     draft: Draft,
     uncond_logits: torch.Tensor | None,
+    ids_name: str = "draft_token_ids",
+    cu_name: str = "cu_num_draft_tokens",
 ) -> int:
-    """All checks; returns max K."""
+    """All checks; returns max K. The names are those of the caller's arguments (the tree
+    verifier passes its node_token_ids and cu_num_nodes)."""
     if not isinstance(sampling, SamplingMetadata):
         raise TypeError(f"sampling is {type(sampling).__name__}: expected SamplingMetadata")
     check.check_tensor("target_logits", target_logits, 2, floating=True)
     device = target_logits.device
-    check.check_tensor("draft_token_ids", draft_token_ids, 1, integer=True, device=device)
-    check.check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, integer=True)
+    check.check_tensor(ids_name, draft_token_ids, 1, integer=True, device=device)
+    check.check_tensor(cu_name, cu_num_draft_tokens, 1, integer=True)
     batch, num_draft = sampling.batch_size, draft_token_ids.shape[0]
     vocab = target_logits.shape[1]
-    counts = check.check_offsets("cu_num_draft_tokens", cu_num_draft_tokens, batch, num_draft)
+    counts = check.check_offsets(cu_name, cu_num_draft_tokens, batch, num_draft)
     check.check_shape("target_logits", target_logits, (num_draft + batch, vocab))
     check.check_logit_values("target_logits", target_logits)
-    check.check_token_ids("draft_token_ids", draft_token_ids, vocab)
+    check.check_token_ids(ids_name, draft_token_ids, vocab)
     if sampling.temperature.device != device:
         raise ValueError(f"sampling is on {sampling.temperature.device}: expected {device}")
     if sampling.any_cfg:
