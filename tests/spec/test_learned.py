@@ -15,6 +15,8 @@ from verispec.engine.engine import LLMEngine
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.spec.base import Drafter
+from verispec.sample import SamplingMetadata
+from verispec.spec.draft_sampling import sample_drafts, sample_from_draft_vocab, widen_vocab
 from verispec.spec.eagle import EagleDrafter
 from verispec.spec.heads import HeadConfig, load_head, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
@@ -128,6 +130,21 @@ def test_heads_read_the_targets_own_hidden_states(kind: str) -> None:
         engine.add_request(p, params)
     run_all(engine)
     assert sum(checked) > 8 * 10
+
+
+def test_all_greedy_calls_draft_the_argmax_of_the_full_pipeline() -> None:
+    """The greedy fast path (no q built) drafts what the full pipeline's q would put first."""
+    vocab = torch.tensor([1, 4, 5, 9, 12])
+    logits = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    greedy = SamplingMetadata.from_params([SamplingParams(temperature=0)] * 6, seeds=list(range(6)))
+    tokens, q, usable = sample_from_draft_vocab(greedy, list(range(6)), [[]] * 6, logits, vocab, 16, 0)
+    _, full = sample_drafts(greedy, list(range(6)), [[]] * 6, widen_vocab(logits, vocab, 16), 0)
+    assert q is None and all(usable) and tokens == full.argmax(-1).tolist()
+    # With an adjustment (a bias) in the call, q is built and the bias counts.
+    biased = SamplingMetadata.from_params([SamplingParams(temperature=0, logit_bias={1: 100.0})] * 6,
+                                          seeds=list(range(6)), prompt_token_ids=[[]] * 6, output_token_ids=[[]] * 6)
+    tokens, q, _ = sample_from_draft_vocab(biased, list(range(6)), [[]] * 6, logits, vocab, 16, 0)
+    assert q is not None and tokens == [1] * 6
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -49,6 +49,25 @@ def drafted_rows(q: torch.Tensor) -> list[bool]:  # q: [R, V] from sample_drafts
     return (~q[:, 0].isnan()).tolist()
 
 
+def sample_from_draft_vocab(
+    sampling: SamplingMetadata,  # of every request of the drafter's call
+    active: list[int],  # the requests drafting this round, one logit row each
+    drafted: list[list[int]],  # their drafts so far
+    logits: torch.Tensor,  # [R, N] over the draft vocabulary
+    vocab: torch.Tensor,  # [N] int64, the target token id of each column
+    vocab_size: int,
+    position: int,
+) -> tuple[list[int], torch.Tensor | None, list[bool]]:  # tokens, q rows [R, V] or None, usable
+    """`sample_drafts` for a head over a reduced draft vocabulary. When every request of the
+    call is greedy without penalties, bias or masks, the draft is the argmax of the head's own
+    logits and q is not built (None: one-hot, which greedy verification never reads), sparing
+    a pass over the target's whole vocabulary per draft."""
+    if sampling.all_greedy and sampling.adjustments is None:
+        return vocab[logits.argmax(dim=-1)].tolist(), None, [True] * len(active)
+    tokens, q = sample_drafts(sampling, active, drafted, widen_vocab(logits, vocab, vocab_size), position)
+    return tokens, q, drafted_rows(q)
+
+
 def widen_vocab(
     logits: torch.Tensor,  # [R, N] over a reduced draft vocabulary
     vocab: torch.Tensor,  # [N] int64, the target token id of each column

@@ -12,8 +12,8 @@ One call, for a request whose newest token x_n sits at position n:
    the accepted drafts; the newest token's feature is not known yet);
 2. feed (f_t, x_{t+1}) for t = h .. n-1; the last row predicts f_n, whose logits give q_1;
 3. draft token i + 1 feeds (predicted f_{n+i}, x_{n+i} = draft i) at position n + i.
-Drafts are sampled from q as spec/draft_sampling.py describes, batched over requests, one
-head pass per draft position. A request without the features it needs (its drafter state
+Drafts are sampled from q as spec/draft_sampling.py describes (sample_from_draft_vocab),
+batched over requests, one head pass per draft position. A request without the features it needs (its drafter state
 was dropped mid-request, or a step drafted before its prompt's features arrived) gets no
 drafts this step: that costs speed, never exactness.
 """
@@ -28,7 +28,7 @@ from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from ..sample import SamplingMetadata
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import drafted_rows, sample_drafts, widen_vocab
+from .draft_sampling import sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import EagleHead
 
@@ -76,16 +76,17 @@ class EagleDrafter(Drafter):
             step = self.runner.inputs(feeds)
             predicted = self.head(torch.cat(features), step.input_ids, step.positions, step.attn,
                                   self.runner.kv_caches).index_select(0, step.logits_rows)
-            logits = widen_vocab(self.head.logits(predicted), self.head.draft_vocab,
-                                 self.head.config.target_vocab_size)
-            tokens, q = sample_drafts(sampling, active, [drafts[i] for i in active], logits, position)
+            tokens, q, usable = sample_from_draft_vocab(
+                sampling, active, [drafts[i] for i in active], self.head.logits(predicted),
+                self.head.draft_vocab, self.head.config.target_vocab_size, position)
             position += 1
             still, feeds, features = [], [], []
-            for r, (i, token, usable) in enumerate(zip(active, tokens, drafted_rows(q))):
-                if not usable:
+            for r, (i, token) in enumerate(zip(active, tokens)):
+                if not usable[r]:
                     continue
                 drafts[i].append(token)
-                rows[i].append(q[r])
+                if q is not None:
+                    rows[i].append(q[r])
                 if requests[i].num_draft_tokens > position:
                     rid = requests[i].request_id
                     start = len(requests[i].token_ids) - 1 + position - 1

@@ -3,9 +3,9 @@
 For a request whose newest token x_n sits at position n, the newest known feature is f_{n-1}
 (the verify pass that emitted x_n computed it): head k reads it and gives q_k for x_{n+k}, so
 K drafts cost one pass of K small heads, with no cache to keep. Draft k is sampled from q_k
-as spec/draft_sampling.py describes (its penalty history holds drafts 1..k-1, as the
-verifier's does); q_k does not otherwise depend on the earlier drafts, which the verifier
-allows: it needs only the distribution each draft was drawn from.
+as spec/draft_sampling.py describes (sample_from_draft_vocab; its penalty history holds drafts
+1..k-1, as the verifier's does); q_k does not otherwise depend on the earlier drafts, which the
+verifier allows: it needs only the distribution each draft was drawn from.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from ..sample import SamplingMetadata
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import drafted_rows, sample_drafts, widen_vocab
+from .draft_sampling import sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import MedusaHeads
 
@@ -62,13 +62,14 @@ class MedusaDrafter(Drafter):
             if not active:
                 break
             picked = logits[k].index_select(0, torch.tensor([slot[i] for i in active], device=device))
-            wide = widen_vocab(picked, self.heads.draft_vocab, self.heads.config.target_vocab_size)
-            tokens, q = sample_drafts(sampling, active, [drafts[i] for i in active], wide, k)
-            usable = drafted_rows(q)
+            tokens, q, usable = sample_from_draft_vocab(
+                sampling, active, [drafts[i] for i in active], picked, self.heads.draft_vocab,
+                self.heads.config.target_vocab_size, k)
             for r, (i, token) in enumerate(zip(active, tokens)):
                 if usable[r]:
                     drafts[i].append(token)
-                    rows[i].append(q[r])
+                    if q is not None:
+                        rows[i].append(q[r])
             active = [i for i, ok in zip(active, usable) if ok]
         flat = [q for per_request in rows for q in per_request]
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
