@@ -11,6 +11,7 @@ import torch
 
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
+from verispec.engine.tree import feed_parents
 from verispec.model import AttentionMetadata
 
 from ..tiny import tiny_model
@@ -25,12 +26,6 @@ def random_parents(n: int, rng: random.Random, shape: str) -> list[int]:
     if shape == "deep":
         return list(range(-1, n - 1))
     return [rng.randrange(-1, j) for j in range(n)]
-
-
-def feed_parents(num_pending: int, node_parents: list[int]) -> list[int]:
-    """Row parents of pending tokens (a chain) followed by nodes hanging from the last of them."""
-    chain = list(range(-1, num_pending - 1))
-    return chain + [num_pending + p if p >= 0 else num_pending - 1 for p in node_parents]
 
 
 def path_rows(parents: list[int], row: int) -> list[int]:

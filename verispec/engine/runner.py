@@ -45,6 +45,21 @@ class Feed:
 
 
 @dataclass(frozen=True)
+class KVMove:
+    """Keys/values of one sequence to copy from positions `src` to positions `dst` (pairwise):
+    after tree verification, the accepted path's entries to consecutive positions."""
+
+    seq_id: str
+    src: Sequence[int]
+    dst: Sequence[int]
+
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.dst):
+            raise ValueError(f"KVMove for seq_id={self.seq_id!r} has {len(self.src)} sources and "
+                             f"{len(self.dst)} destinations: expected as many of each")
+
+
+@dataclass(frozen=True)
 class StepInputs:
     """A forward pass's inputs on the device, built from feeds (ModelRunner.inputs)."""
 
@@ -78,6 +93,27 @@ class ModelRunner:
         step = self.inputs(feeds)
         return self.model.forward_hidden(step.input_ids, step.positions, step.attn, self.kv_caches,
                                          step.logits_rows, hidden_layers)
+
+    def move_kv(self, moves: Sequence[KVMove]) -> None:
+        """Copies cache entries as `moves` say, in every layer. All sources are read before any
+        destination is written, so a path may slide onto its own positions."""
+        src = [s for m in moves for s in self._slots(m.seq_id, m.src)]
+        dst = [s for m in moves for s in self._slots(m.seq_id, m.dst)]
+        if not src:
+            return
+        src_t = torch.tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
+        dst_t = torch.tensor(dst, dtype=torch.int64).to(self.device, non_blocking=True)
+        for cache in self.kv_caches:
+            flat = cache.view(2, -1, *cache.shape[3:])
+            flat.index_copy_(1, dst_t, flat.index_select(1, src_t))
+
+    def _slots(self, seq_id: str, positions: Sequence[int]) -> list[int]:
+        table, size = self.blocks.block_table(seq_id), self.blocks.block_size
+        length = self.blocks.num_tokens(seq_id)
+        if any(not 0 <= p < length for p in positions):
+            raise ValueError(f"positions {list(positions)!r} of seq_id={seq_id!r}: expected "
+                             f"positions in [0, {length})")
+        return [table[p // size] * size + p % size for p in positions]
 
     def inputs(self, feeds: Sequence[Feed]) -> StepInputs:
         ids: list[int] = []
