@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..spec.base import FedTokens
 from .runner import KVMove
 
 
@@ -29,3 +30,21 @@ def path_move(seq_id: str, start: int, num_pending: int, path_nodes: Sequence[in
     first = start + num_pending
     pairs = [(first + node, first + depth) for depth, node in enumerate(path_nodes) if node != depth]
     return KVMove(seq_id, [s for s, _ in pairs], [d for _, d in pairs])
+
+
+def accepted_rows(
+    fed: Sequence[FedTokens], num_nodes: dict[str, int], paths: dict[str, list[int]],
+) -> tuple[list[FedTokens], list[int]]:
+    """What a drafter that reads hidden states should see of a tree step: per request its
+    pending tokens and accepted path (all of a request without a path, e.g. a prefill chunk),
+    renumbered as rows of the hidden states gathered at the returned row indices."""
+    kept: list[FedTokens] = []
+    index: list[int] = []
+    for f in fed:
+        rows = list(range(len(f.token_ids)))
+        if f.request_id in paths:
+            m = len(f.token_ids) - num_nodes[f.request_id]
+            rows = rows[:m] + [m + j for j in paths[f.request_id]]
+        kept.append(FedTokens(f.request_id, f.start, [f.token_ids[r] for r in rows], len(index)))
+        index.extend(f.first_row + r for r in rows)
+    return kept, index

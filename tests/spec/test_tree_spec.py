@@ -1,0 +1,102 @@
+"""Tree speculation through the engine (Medusa top-k trees, tree attention, verify_tree, KV
+compaction): greedy output token for token that of plain decoding, with preemption; sampled
+output distributed as the target (chi-square, false alarm 1e-6); no leaked blocks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from verispec import SamplingParams
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
+from verispec.spec.base import Drafter
+from verispec.spec.heads import HeadConfig, new_head
+from verispec.spec.medusa import MedusaDrafter
+from verispec.spec.trees import static_tree
+
+from .. import learned
+from ..engine.test_cfg import _guided
+from ..engine.test_engine import _dist
+from ..stats import chi_square
+from ..tiny import run_all, tiny_model, word_tokenizer
+
+
+def _engine(model, drafter: Drafter | None, tree: tuple[int, ...] | None, max_seqs: int = 64,
+            num_blocks: int = 8192) -> LLMEngine:
+    spec = SpeculativeConfig(method="none" if drafter is None else "medusa", tree=tree)
+    config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=4096, max_model_len=512,
+                          cache=CacheConfig(4, num_blocks), speculative=spec)
+    return LLMEngine(model, word_tokenizer(model.config.vocab_size), config, drafter)
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 24) -> tuple[list[list[int]], dict]:
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                           request_id=str(i))
+    done = run_all(engine)
+    return [done[str(i)].token_ids for i in range(len(prompts))], done
+
+
+def test_static_tree_is_breadth_first_and_truncates_to_the_budget() -> None:
+    nodes = static_tree((2, 2, 1), 100)
+    assert [n.parent for n in nodes] == [-1, -1, 0, 0, 1, 1, 2, 3, 4, 5]
+    assert [n.depth for n in nodes] == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    assert [n.rank for n in nodes] == [0, 1, 0, 1, 0, 1, 0, 0, 0, 0]
+    assert static_tree((2, 2, 1), 3) == nodes[:3]
+
+
+@pytest.mark.parametrize("tree,num_blocks", [((3, 2, 1), 8192), ((4, 1, 1), 8192), ((2, 2, 2), 40)])
+def test_greedy_tree_output_is_plain_decoding_token_for_token(tree, num_blocks: int) -> None:
+    """Batched, with 40 blocks of 4 small enough to preempt."""
+    target, prompts = learned.target(), learned.prompts(6, seed=11)
+    plain, _ = _greedy(_engine(target, None, None), prompts)
+    engine = _engine(target, MedusaDrafter(learned.trained("medusa")), tree, num_blocks=num_blocks)
+    batched, done = _greedy(engine, prompts)
+    assert batched == plain
+    assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
+    assert engine.blocks.num_free_blocks == num_blocks
+    assert engine.blocks.seq_ids() == []
+
+
+def test_a_tree_accepts_more_per_step_than_its_first_branch() -> None:
+    """Same heads, same prompts: the tree (3, 2, 1) verifies the chain (1, 1, 1) as its first
+    branch and more, so greedy decoding needs no more steps with it."""
+    target, prompts = learned.target(), learned.prompts(6, seed=11)
+    accepted = []
+    for tree in ((1, 1, 1), (3, 2, 1)):
+        _, done = _greedy(_engine(target, MedusaDrafter(learned.trained("medusa")), tree), prompts)
+        accepted.append(sum(o.stats.num_accepted_tokens for o in done.values()))
+    assert accepted[1] > accepted[0]
+
+
+@pytest.mark.parametrize("cfg", [False, True])
+def test_sampled_tree_output_follows_the_target(cfg: bool) -> None:
+    """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG): the first two emitted
+    tokens against p1(y1) p2(y2 | y1) from the target itself. The heads are untrained and
+    their draft vocabulary leaves tokens 6 and 7 out."""
+    vocab = 8
+    target = tiny_model(seed=3, vocab=vocab, scale=0.3)
+    head = new_head(HeadConfig.for_target("medusa", target.config, num_medusa_heads=3), target,
+                    torch.arange(6), seed=5)
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, ignore_eos=True,
+                            **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
+    prompt = [1, 2, 3]
+    engine = _engine(target, MedusaDrafter(head), (3, 2), max_seqs=1024)
+    for i in range(20_000):
+        engine.add_request(prompt, dataclasses.replace(params, seed=i))
+    done = run_all(engine)
+    accepted = sum(o.stats.num_accepted_tokens for o in done.values())
+    assert 0 < accepted
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    pairs = torch.tensor([o.token_ids[:2] for o in done.values()])
+    if cfg:
+        p1 = _guided(target, prompt, [5, 6], params)
+        p2 = torch.stack([_guided(target, prompt + [y], [5, 6, y], params) for y in range(vocab)])
+    else:
+        p1 = _dist(target, prompt, params)
+        p2 = torch.stack([_dist(target, prompt + [y], params) for y in range(vocab)])
+    assert chi_square(pairs[:, 0], p1).passed
+    assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
