@@ -12,7 +12,7 @@ import torch
 from verispec import SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
-from verispec.spec.base import Drafter
+from verispec.spec.base import Drafter, TreeBatch
 from verispec.spec.heads import HeadConfig, new_head
 from verispec.spec.medusa import MedusaDrafter
 from verispec.spec.trees import static_tree
@@ -20,6 +20,7 @@ from verispec.spec.trees import static_tree
 from .. import learned
 from ..engine.test_cfg import _guided
 from ..engine.test_engine import _dist
+from ..engine.test_logprobs import PARAMS, oracle_logprobs
 from ..stats import chi_square
 from ..tiny import run_all, tiny_model, word_tokenizer
 
@@ -48,6 +49,28 @@ def test_static_tree_is_breadth_first_and_truncates_to_the_budget() -> None:
     assert static_tree((2, 2, 1), 3) == nodes[:3]
 
 
+@pytest.mark.parametrize("tree", [(), (3, 0), [3, 2], (True,), (8, 8)])
+def test_bad_tree_shapes_name_the_setting(tree) -> None:
+    with pytest.raises(ValueError, match="tree="):
+        SpeculativeConfig(method="medusa", tree=tree)
+
+
+def test_a_tree_counts_its_nodes_and_needs_token_verification() -> None:
+    assert SpeculativeConfig(method="medusa", tree=(3, 2, 1)).num_draft_tokens == 15
+    with pytest.raises(ValueError, match="verification="):
+        SpeculativeConfig(method="medusa", tree=(2,), verification="block")
+
+
+@pytest.mark.parametrize("tokens,parents,probs", [
+    ([[1, 2]], [[-1]], None),
+    ([[1, 2]], [[-1, 1]], None),
+    ([[1, 2]], [[-1, 0]], torch.zeros(3, 4)),
+])
+def test_tree_batches_are_checked(tokens, parents, probs) -> None:
+    with pytest.raises(ValueError, match="node_token_ids|node_parents|probs"):
+        TreeBatch(tokens, parents, probs)
+
+
 @pytest.mark.parametrize("tree,num_blocks", [((3, 2, 1), 8192), ((4, 1, 1), 8192), ((2, 2, 2), 40)])
 def test_greedy_tree_output_is_plain_decoding_token_for_token(tree, num_blocks: int) -> None:
     """Batched, with 40 blocks of 4 small enough to preempt."""
@@ -70,6 +93,26 @@ def test_a_tree_accepts_more_per_step_than_its_first_branch() -> None:
         _, done = _greedy(_engine(target, MedusaDrafter(learned.trained("medusa")), tree), prompts)
         accepted.append(sum(o.stats.num_accepted_tokens for o in done.values()))
     assert accepted[1] > accepted[0]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "top-k", "presence"])
+def test_tree_logprobs_match_the_oracle(params: SamplingParams) -> None:
+    """Records of accepted path tokens and of recovered / bonus tokens: the target's row at
+    each, as a plain forward over the emitted tokens computes it."""
+    target, prompts = learned.target(), learned.prompts(4, seed=11)
+    engine = _engine(target, MedusaDrafter(learned.trained("medusa")), (3, 2, 1))
+    ids = [engine.add_request(p, params) for p in prompts]
+    done = run_all(engine)
+    assert sum(done[r].stats.num_accepted_tokens for r in ids) > 0
+    for rid, prompt in zip(ids, prompts):
+        out = done[rid]
+        assert [r.token_id for r in out.logprobs] == out.token_ids
+        expected = oracle_logprobs(target, prompt, out.token_ids, params)
+        for j, record in enumerate(out.logprobs):
+            assert record.logprob == pytest.approx(float(expected[j, record.token_id]), abs=1e-4)
+            top = expected[j].sort(descending=True)
+            n = min(params.logprobs, int(torch.isfinite(top.values).sum()))
+            assert [i for i, _ in record.top] == top.indices[:n].tolist()
 
 
 @pytest.mark.parametrize("cfg", [False, True])
