@@ -9,11 +9,12 @@ import dataclasses
 import pytest
 import torch
 
-from verispec import SamplingParams
+from verispec import LLM, SamplingParams
+from verispec.cli import main
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.spec.base import Drafter, TreeBatch
-from verispec.spec.heads import HeadConfig, new_head
+from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
 from verispec.spec.trees import static_tree
 
@@ -22,7 +23,7 @@ from ..engine.test_cfg import _guided
 from ..engine.test_engine import _dist
 from ..engine.test_logprobs import PARAMS, oracle_logprobs
 from ..stats import chi_square
-from ..tiny import run_all, tiny_model, word_tokenizer
+from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
 
 
 def _engine(model, drafter: Drafter | None, tree: tuple[int, ...] | None, max_seqs: int = 64,
@@ -143,3 +144,29 @@ def test_sampled_tree_output_follows_the_target(cfg: bool) -> None:
         p2 = torch.stack([_dist(target, prompt + [y], params) for y in range(vocab)])
     assert chi_square(pairs[:, 0], p1).passed
     assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
+
+
+def test_llm_and_cli_take_a_tree(tmp_path, capsys) -> None:
+    """LLM(tree=...) and `--tree` with a Medusa head file: greedy text as without drafts."""
+    tiny_checkpoint(tmp_path / "model", vocab=16)
+    model = str(tmp_path / "model")
+    plain = LLM(model=model, draft="none", progress=False)
+    head = new_head(HeadConfig.for_target("medusa", plain.model.config, num_medusa_heads=3), plain.model,
+                    torch.arange(16))
+    save_head(head, tmp_path / "medusa.safetensors")
+    draft = str(tmp_path / "medusa.safetensors")
+    llm = LLM(model=model, draft=draft, tree=(3, 2, 1), progress=False)
+    assert llm.engine.config.speculative.tree == (3, 2, 1)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    out = llm.generate("t1 t2 t3", params)[0]
+    assert out.token_ids == plain.generate("t1 t2 t3", params)[0].token_ids
+    assert out.stats.num_draft_tokens > 0
+    texts = []
+    for args in (["--draft", "none"], ["--draft", draft, "--tree", "3,2,1"], ["--tree", "2,1"]):
+        assert main(["generate", "--model", model, "--no-chat", "--temperature", "0", "--max-tokens", "12",
+                     *args, "t4 t5 t4 t5"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] == texts[2]
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", model, "--tree", "3,x", "t1"])
+    assert "'3,x' is invalid" in capsys.readouterr().err
