@@ -4,8 +4,8 @@ On the evaluation prompts (bench/prompts/spec_bench.jsonl), chat-rendered, fp32,
 one process on the same weights: for chains of K drafts (the heads draft at most one token per
 head) and for static trees (SpeculativeConfig.tree, Medusa top-k expansion), greedy and
 temperature 0.7 (seeded), the mean tokens emitted per verify step (accepted drafts + 1), the
-verify rows per step with drafts (drafts + 1: the target's cost per step; steps without drafts left out, as in the acceptance length) and output tokens per second.
-Rows are printed by verify rows, so chains and trees compare at equal rows; a tree whose
+verify rows per step (drafts + 1, the target's cost per step; both over steps with drafts, as
+vLLM counts acceptance) and output tokens per second. Rows are printed by verify rows, so chains and trees compare at equal rows; a tree whose
 first branch is the chain of the same depth never accepts less than it. Greedy rows also say
 whether the tokens equal those of decoding without drafts (they must).
 
