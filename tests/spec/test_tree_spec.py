@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from verispec.engine.engine import LLMEngine
 from verispec.spec.base import Drafter, TreeBatch
 from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
+from verispec.spec.ngram import NgramDrafter, propose_ngram_tree
 from verispec.spec.trees import static_tree
 
 from .. import learned
@@ -28,7 +31,8 @@ from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
 
 def _engine(model, drafter: Drafter | None, tree: tuple[int, ...] | None, max_seqs: int = 64,
             num_blocks: int = 8192) -> LLMEngine:
-    spec = SpeculativeConfig(method="none" if drafter is None else "medusa", tree=tree)
+    method = "none" if drafter is None else "ngram" if isinstance(drafter, NgramDrafter) else "medusa"
+    spec = SpeculativeConfig(method=method, tree=tree)
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=4096, max_model_len=512,
                           cache=CacheConfig(4, num_blocks), speculative=spec)
     return LLMEngine(model, word_tokenizer(model.config.vocab_size), config, drafter)
@@ -83,6 +87,34 @@ def test_greedy_tree_output_is_plain_decoding_token_for_token(tree, num_blocks: 
     assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
     assert engine.blocks.num_free_blocks == num_blocks
     assert engine.blocks.seq_ids() == []
+
+
+@pytest.mark.parametrize("shape,budget,tokens,parents", [
+    ((3, 1, 1), 64, [5, 1, 2, 4, 1, 2, 3, 1, 2], [-1, 0, 1, -1, 3, 4, -1, 6, 7]),
+    ((2, 1, 1), 64, [5, 1, 2, 4, 1, 2], [-1, 0, 1, -1, 3, 4]),
+    ((3, 1, 1), 4, [5, 1, 2, 4], [-1, 0, 1, -1]),
+    ((3, 1), 64, [5, 1, 4, 1, 3, 1], [-1, 0, -1, 2, -1, 4]),
+])
+def test_ngram_trees_merge_the_continuations_of_several_matches(shape, budget, tokens, parents) -> None:
+    context = np.array([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])  # "1 2" was followed by 3, 4, 5
+    assert propose_ngram_tree(context, 1, 2, shape, budget) == (tokens, parents)
+
+
+def test_ngram_trees_share_prefixes() -> None:
+    context = np.array([7, 1, 2, 3, 9, 1, 2, 4, 9, 1])  # "1" was followed by "2 3" and "2 4"
+    assert propose_ngram_tree(context, 1, 1, (2, 2), 64) == ([2, 4, 3], [-1, 0, 0])
+
+
+@pytest.mark.parametrize("num_blocks", [8192, 24])
+def test_greedy_ngram_tree_output_is_plain_decoding_token_for_token(num_blocks: int) -> None:
+    model = tiny_model(seed=0, scale=3.0)
+    prompts = [[1, 2, 3, 1, 2, 4, 1, 2, 3, 1], [5, 6, 7, 5, 6, 8, 5], [9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
+    plain, _ = _greedy(_engine(model, None, None), prompts, max_tokens=20)
+    engine = _engine(model, NgramDrafter(1, 3, 4), (3, 2, 1), num_blocks=num_blocks)
+    batched, done = _greedy(engine, prompts, max_tokens=20)
+    assert batched == plain
+    assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
+    assert engine.blocks.num_free_blocks == num_blocks
 
 
 def test_a_tree_accepts_more_per_step_than_its_first_branch() -> None:
