@@ -148,34 +148,53 @@ def test_tree_logprobs_match_the_oracle(params: SamplingParams) -> None:
             assert [i for i, _ in record.top] == top.indices[:n].tolist()
 
 
+def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
+    """Steps the engine, keeping each request's first n tokens and aborting it then; also the
+    drafts accepted until then."""
+    first, accepted = {}, 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            if len(out.token_ids) >= n and out.request_id not in first:
+                first[out.request_id] = out.token_ids[:n]
+                accepted += out.stats.num_accepted_tokens
+                engine.abort(out.request_id)
+    return list(first.values()), accepted
+
+
 @pytest.mark.parametrize("cfg", [False, True])
 def test_sampled_tree_output_follows_the_target(cfg: bool) -> None:
-    """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG): the first two emitted
-    tokens against p1(y1) p2(y2 | y1) from the target itself. The heads are untrained and
-    their draft vocabulary leaves tokens 6 and 7 out."""
+    """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG): the first three emitted
+    tokens against p1(y1) p2(y2 | y1) p3(y3 | y1, y2) from the target itself, and the first
+    two alone. Medusa drafts from the second step on, so y2 and y3 come from a tree (3, 2): three
+    siblings tested in turn, then their children. The heads are untrained and their draft
+    vocabulary leaves tokens 6 and 7 out."""
     vocab = 8
     target = tiny_model(seed=3, vocab=vocab, scale=0.3)
     head = new_head(HeadConfig.for_target("medusa", target.config, num_medusa_heads=3), target,
                     torch.arange(6), seed=5)
-    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, ignore_eos=True,
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, ignore_eos=True,
                             **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
     prompt = [1, 2, 3]
     engine = _engine(target, MedusaDrafter(head), (3, 2), max_seqs=1024)
     for i in range(20_000):
         engine.add_request(prompt, dataclasses.replace(params, seed=i))
-    done = run_all(engine)
-    accepted = sum(o.stats.num_accepted_tokens for o in done.values())
-    assert 0 < accepted
+    first, accepted = _first_tokens(engine, 3)
+    first = torch.tensor(first)
+    assert accepted > 1000
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
-    pairs = torch.tensor([o.token_ids[:2] for o in done.values()])
-    if cfg:
-        p1 = _guided(target, prompt, [5, 6], params)
-        p2 = torch.stack([_guided(target, prompt + [y], [5, 6, y], params) for y in range(vocab)])
-    else:
-        p1 = _dist(target, prompt, params)
-        p2 = torch.stack([_dist(target, prompt + [y], params) for y in range(vocab)])
-    assert chi_square(pairs[:, 0], p1).passed
-    assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
+
+    def dist(tokens: list[int]) -> torch.Tensor:  # [V]
+        if cfg:
+            return _guided(target, prompt + tokens, [5, 6, *tokens], params)
+        return _dist(target, prompt + tokens, params)
+
+    p1 = dist([])
+    p2 = torch.stack([dist([y]) for y in range(vocab)])  # [V, V]
+    p3 = torch.stack([torch.stack([dist([y, z]) for z in range(vocab)]) for y in range(vocab)])  # [V, V, V]
+    assert chi_square(first[:, 0] * vocab + first[:, 1], (p1[:, None] * p2).reshape(-1)).passed
+    joint = p1[:, None, None] * p2[:, :, None] * p3
+    cells = (first[:, 0] * vocab + first[:, 1]) * vocab + first[:, 2]
+    assert chi_square(cells, joint.reshape(-1)).passed
 
 
 def test_llm_and_cli_take_a_tree(tmp_path, capsys) -> None:
