@@ -16,6 +16,7 @@ from verispec.cli import main
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.spec.base import Drafter, TreeBatch
+from verispec.spec.eagle import EagleDrafter
 from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
 from verispec.spec.ngram import NgramDrafter, propose_ngram_tree
@@ -25,6 +26,7 @@ from .. import learned
 from ..engine.test_cfg import _guided
 from ..engine.test_engine import _dist
 from ..engine.test_logprobs import PARAMS, oracle_logprobs
+from .test_learned import _hidden
 from ..stats import chi_square
 from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
 
@@ -115,6 +117,60 @@ def test_greedy_ngram_tree_output_is_plain_decoding_token_for_token(num_blocks: 
     assert batched == plain
     assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
     assert engine.blocks.num_free_blocks == num_blocks
+
+
+def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode() -> None:
+    """EAGLE's drafter keeps the default propose_tree (one branch of up to the tree's node
+    count): still plain decoding's tokens, and it reads only the kept tokens' hidden states."""
+    target, prompts = learned.target(), learned.prompts(4, seed=11)
+    plain, _ = _greedy(_engine(target, None, None), prompts)
+    drafter = EagleDrafter(learned.trained("eagle"), num_blocks=8192, block_size=4)
+    engine = _engine(target, drafter, (2, 1), num_blocks=40)
+    batched, done = _greedy(engine, prompts)
+    assert batched == plain
+    assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
+    assert engine.blocks.num_free_blocks == 40
+
+
+@pytest.mark.parametrize("kind,tree,num_blocks", [("medusa", (3, 2, 1), 40), ("medusa", (3, 2, 1), 8192),
+                                                  ("eagle", (2, 1), 40)])
+def test_tree_steps_hand_drafters_the_targets_own_hidden_states(kind: str, tree, num_blocks: int) -> None:
+    """Every feature a drafter reads after tree steps (accepted paths moved, other nodes
+    dropped), with CFG companions and preemption (40 blocks), is the target's hidden state of
+    that position computed afresh from the request's tokens; without preemption, the feature
+    Medusa needs is there at every step after the first (the accepted path's last node's)."""
+    target = learned.target()
+    head = learned.trained(kind)
+    drafter = MedusaDrafter(head) if kind == "medusa" else EagleDrafter(head, num_blocks=8192, block_size=4)
+    tokens_of: dict[str, list[int]] = {}
+    checked = []
+    propose_tree, features = drafter.propose_tree, drafter.store.features
+
+    empty_after_first = []
+
+    def spy_propose_tree(requests, shape):
+        tokens_of.update({r.request_id: list(r.token_ids) for r in requests})
+        trees = propose_tree(requests, shape)
+        empty_after_first.extend(r.request_id for r, t in zip(requests, trees.node_token_ids)
+                                 if r.output_token_ids and r.num_draft_tokens and not t)
+        return trees
+
+    def spy_features(rid, begin, end):
+        got = features(rid, begin, end)
+        torch.testing.assert_close(got, _hidden(target, tokens_of[rid][:end])[begin:end], atol=1e-4, rtol=1e-4)
+        checked.append(end - begin)
+        return got
+
+    drafter.propose_tree, drafter.store.features = spy_propose_tree, spy_features
+    engine = _engine(target, drafter, tree, num_blocks=num_blocks)
+    for i, p in enumerate(learned.prompts(8, seed=5)):
+        engine.add_request(p, SamplingParams(temperature=0.9, seed=i, max_tokens=20, ignore_eos=True,
+                                             **({"guidance_scale": 1.5} if i % 3 == 0 else {})))
+    done = run_all(engine)
+    assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
+    assert sum(checked) > 8 * 10
+    if kind == "medusa" and num_blocks == 8192:
+        assert empty_after_first == []
 
 
 def test_a_tree_accepts_more_per_step_than_its_first_branch() -> None:

@@ -46,8 +46,8 @@ from ..spec.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
 from .request import FinishReason, Request
 from .runner import Feed, ModelRunner
-from .tree import accepted_rows, feed_parents, path_move
 from .scheduler import ScheduledRequest, Scheduler
+from .tree import accepted_rows, feed_parents, path_move
 
 logger = logging.getLogger(__name__)
 
