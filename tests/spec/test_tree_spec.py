@@ -16,6 +16,7 @@ from verispec.cli import main
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.spec.base import Drafter, TreeBatch
+from verispec.spec.draft_model import DraftModelDrafter
 from verispec.spec.eagle import EagleDrafter
 from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
@@ -119,12 +120,14 @@ def test_greedy_ngram_tree_output_is_plain_decoding_token_for_token(num_blocks: 
     assert engine.blocks.num_free_blocks == num_blocks
 
 
-def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode() -> None:
-    """EAGLE's drafter keeps the default propose_tree (one branch of up to the tree's node
-    count): still plain decoding's tokens, and it reads only the kept tokens' hidden states."""
+@pytest.mark.parametrize("kind", ["eagle", "draft_model"])
+def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode(kind: str) -> None:
+    """EAGLE's and the draft model's drafters keep the default propose_tree (one branch of up
+    to the tree's node count): still plain decoding's tokens, with preemption."""
     target, prompts = learned.target(), learned.prompts(4, seed=11)
     plain, _ = _greedy(_engine(target, None, None), prompts)
-    drafter = EagleDrafter(learned.trained("eagle"), num_blocks=8192, block_size=4)
+    drafter = EagleDrafter(learned.trained("eagle"), num_blocks=8192, block_size=4) if kind == "eagle" \
+        else DraftModelDrafter(tiny_model(seed=4, vocab=learned.VOCAB, scale=0.5), num_blocks=256, block_size=4)
     engine = _engine(target, drafter, (2, 1), num_blocks=40)
     batched, done = _greedy(engine, prompts)
     assert batched == plain
