@@ -224,9 +224,9 @@ def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
 def test_sampled_tree_output_follows_the_target(cfg: bool) -> None:
     """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG): the first three emitted
     tokens against p1(y1) p2(y2 | y1) p3(y3 | y1, y2) from the target itself, and the first
-    two alone. Medusa drafts from the second step on, so y2 and y3 come from a tree (3, 2): three
-    siblings tested in turn, then their children. The heads are untrained and their draft
-    vocabulary leaves tokens 6 and 7 out."""
+    two alone. Medusa drafts from the second step on, so y2 and y3 come from a tree: (3, 2), three
+    siblings tested in turn, then their children; with CFG (2, 1), to halve the rows of the
+    two sequences. The heads are untrained and their draft vocabulary leaves tokens 6 and 7 out."""
     vocab = 8
     target = tiny_model(seed=3, vocab=vocab, scale=0.3)
     head = new_head(HeadConfig.for_target("medusa", target.config, num_medusa_heads=3), target,
@@ -234,7 +234,7 @@ def test_sampled_tree_output_follows_the_target(cfg: bool) -> None:
     params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, ignore_eos=True,
                             **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
     prompt = [1, 2, 3]
-    engine = _engine(target, MedusaDrafter(head), (3, 2), max_seqs=1024)
+    engine = _engine(target, MedusaDrafter(head), (2, 1) if cfg else (3, 2), max_seqs=1024)
     for i in range(20_000):
         engine.add_request(prompt, dataclasses.replace(params, seed=i))
     first, accepted = _first_tokens(engine, 3)
