@@ -15,13 +15,13 @@ from verispec import LLM, SamplingParams
 from verispec.cli import main
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
-from verispec.spec.base import Drafter, TreeBatch
+from verispec.spec.base import Drafter
 from verispec.spec.draft_model import DraftModelDrafter
 from verispec.spec.eagle import EagleDrafter
 from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
 from verispec.spec.ngram import NgramDrafter, propose_ngram_tree
-from verispec.spec.trees import static_tree
+from verispec.spec.trees import TreeBatch, static_tree
 
 from .. import learned
 from ..engine.test_cfg import _guided

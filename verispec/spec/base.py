@@ -10,6 +10,8 @@ import torch
 
 from verispec.sampling_params import SamplingParams
 
+from .trees import TreeBatch
+
 
 @dataclass(frozen=True)
 class DraftRequest:
@@ -77,39 +79,6 @@ class DraftBatch:
     def num_draft_tokens(self) -> list[int]:
         """Per request, how many draft tokens were proposed."""
         return [len(t) for t in self.token_ids]
-
-
-@dataclass
-class TreeBatch:
-    """Draft trees for a batch of requests, in the order of the requests (layout of
-    sample/tree.py's verify_tree, per request).
-
-    node_token_ids: per request, its nodes' tokens, parents before children; at most its
-        ``num_draft_tokens`` nodes, maybe none.
-    node_parents: per request, each node's parent index within the request, -1 for the root.
-    probs: the distribution q each node's token was drawn from, one row per node, requests
-        concatenated; None for deterministic drafts (top-k expansion, lookup).
-    replacement: whether siblings were drawn with replacement (i.i.d. from q) or without.
-    """
-
-    node_token_ids: list[list[int]]
-    node_parents: list[list[int]]
-    probs: torch.Tensor | None = None  # [total_nodes, vocab_size] float32
-    replacement: bool = True
-
-    def __post_init__(self) -> None:
-        if [len(t) for t in self.node_token_ids] != [len(p) for p in self.node_parents]:
-            raise ValueError("node_token_ids and node_parents must hold one entry per node, got "
-                             f"{[len(t) for t in self.node_token_ids]} and "
-                             f"{[len(p) for p in self.node_parents]} nodes")
-        for parents in self.node_parents:
-            if any(not -1 <= p < j for j, p in enumerate(parents)):
-                raise ValueError(f"node_parents holds {parents!r}: expected each parent to be -1 "
-                                 "or an earlier node")
-        total = sum(len(t) for t in self.node_token_ids)
-        if self.probs is not None and (self.probs.dim() != 2 or self.probs.shape[0] != total):
-            raise ValueError(f"probs has shape {tuple(self.probs.shape)}: expected "
-                             f"[{total}, vocab_size], one row per node")
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 import torch
 
 from ..sample import SamplingMetadata
-from .base import DraftBatch, Drafter, DraftRequest, FedTokens, TreeBatch
+from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import drafted_rows, sample_drafts, widen_vocab
 from .features import FeatureStore
 from .heads import MedusaHeads
-from .trees import static_tree
+from .trees import TreeBatch, static_tree
 
 
 class MedusaDrafter(Drafter):
@@ -53,6 +53,8 @@ class MedusaDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
+        """Head k's b_k most likely tokens become the children of every node at depth k - 1
+        (spec/trees.py), as in Medusa's static trees; the drafts are deterministic."""
         tokens: list[list[int]] = [[] for _ in requests]
         parents: list[list[int]] = [[] for _ in requests]
         active, features = self._features(requests)

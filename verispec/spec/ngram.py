@@ -32,7 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verispec.spec.base import DraftBatch, Drafter, DraftRequest, TreeBatch
+from verispec.spec.base import DraftBatch, Drafter, DraftRequest
+from verispec.spec.trees import TreeBatch
 
 
 class _TokenBuffer:
