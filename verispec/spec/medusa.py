@@ -6,9 +6,6 @@ K drafts cost one pass of K small heads, with no cache to keep. Draft k is sampl
 as spec/draft_sampling.py describes (its penalty history holds drafts 1..k-1, as the
 verifier's does); q_k does not otherwise depend on the earlier drafts, which the verifier
 allows: it needs only the distribution each draft was drawn from.
-
-Trees (propose_tree): head k's b_k most likely tokens become the children of every node at
-depth k - 1 (spec/trees.py), as in Medusa's static trees; the drafts are deterministic.
 """
 
 from __future__ import annotations
