@@ -76,7 +76,8 @@ class RequestOutput:
 class PreparedRequest:
     """A validated, encoded request, not yet queued (LLMEngine.prepare_request).
 
-    num_speculative_tokens: the most draft tokens per step (0 without a drafter).
+    num_speculative_tokens: the most draft tokens (tree nodes, with SpeculativeConfig.tree) per
+        step (0 without a drafter).
     """
 
     request_id: str | None
