@@ -82,6 +82,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                              "the embedded model), a head file from `verispec train-drafter`, 'none', or a "
                              "draft model path sharing the tokenizer")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K", help=k_help)
+    parser.add_argument("--tree", type=_tree_shape, default=None, metavar="B1,B2,...",
+                        help="tree speculation: a static draft tree with B1 children of the root, B2 "
+                             "of each of those, ... (e.g. 3,2,1), verified exactly; replaces -k "
+                             "(default: off, chains of K drafts)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and KV cache (default: float32); bfloat16 halves their memory "
                              "and, at batch 1, the bytes read per token")
@@ -159,6 +163,17 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
 
 
+def _tree_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected branching factors >= 1 "
+                                         "separated by commas, e.g. 3,2,1")
+    return shape
+
+
 def _bias_entry(text: str) -> tuple[int, float]:
     token, sep, bias = text.partition("=")
     try:
@@ -207,7 +222,7 @@ def serve(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-              dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs)
+              dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, tree=args.tree)
     uvicorn.run(build_app(llm, args.served_model_name), host=args.host, port=args.port)
     return 0
 
@@ -226,7 +241,7 @@ def generate(args: argparse.Namespace) -> int:
     )
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-              dtype=args.dtype, device=args.device)
+              dtype=args.dtype, device=args.device, tree=args.tree)
     prompt: str | list[int] = args.prompt
     if args.chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)

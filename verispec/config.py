@@ -10,6 +10,18 @@ def _require(ok: bool, name: str, value: object, expected: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: expected {expected}")
 
 
+MAX_TREE_NODES = 64
+
+
+def tree_size(shape: tuple[int, ...]) -> int:
+    """Nodes of a static tree with branching factor shape[d] at depth d + 1."""
+    total, width = 0, 1
+    for branching in shape:
+        width *= branching
+        total += width
+    return total
+
+
 def _positive_int(name: str, value: object) -> None:
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, "an integer >= 1")
 
@@ -48,6 +60,11 @@ class SpeculativeConfig:
     verification: how drafts are verified, both exact: "token" (accept draft by draft, stop at
         the first rejection) or "block" (Sun et al. 2024: judge the drafts as a block; never
         fewer accepted drafts in expectation; verispec/sample/block.py).
+    tree: tree speculation with a static tree shape, the branching factor at each depth (e.g.
+        (3, 2, 1): 3 children of the root, 2 children of each, 1 child of each of those: 15
+        nodes), verified exactly with verispec/sample/tree.py; None: chains of
+        num_speculative_tokens drafts. With a tree, a request drafts up to the tree's node count
+        (num_speculative_tokens and `adaptive` do not apply; `verification` must be "token").
     """
 
     method: str = "none"
@@ -58,6 +75,7 @@ class SpeculativeConfig:
     adaptive: bool = True
     row_cost: float = 0.1
     verification: str = "token"
+    tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, "method", self.method, f"one of {METHODS}")
@@ -76,10 +94,22 @@ class SpeculativeConfig:
                  "row_cost", self.row_cost, "a number > 0")
         _require(self.verification in ("token", "block"), "verification", self.verification,
                  "'token' or 'block'")
+        if self.tree is not None:
+            _require(isinstance(self.tree, tuple) and 0 < len(self.tree)
+                     and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.tree)
+                     and tree_size(self.tree) <= MAX_TREE_NODES, "tree", self.tree,
+                     f"a non-empty tuple of branching factors >= 1 with at most {MAX_TREE_NODES} nodes in all")
+            _require(self.verification == "token", "verification", self.verification,
+                     "'token' with a tree")
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """The most draft tokens (tree nodes) a request verifies per step."""
+        return self.num_speculative_tokens if self.tree is None else tree_size(self.tree)
 
     @property
     def enabled(self) -> bool:
-        return self.method != "none" and self.num_speculative_tokens > 0
+        return self.method != "none" and self.num_draft_tokens > 0
 
 
 @dataclass(frozen=True)

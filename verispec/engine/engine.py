@@ -4,7 +4,9 @@ Terms as in request.py (request, sequence, pending, sampling step) and sample/re
 (draft, target, accepted, emitted). Per step, every request that samples feeds its last pending
 token followed by its draft tokens; the target forward pass gives K + 1 rows per request (and the
 same rows for a CFG companion), rejection_sample emits accepted drafts + one token, and the
-scheduler keeps the accepted prefix in the cache and rolls the rest back.
+scheduler keeps the accepted prefix in the cache and rolls the rest back. With a tree
+(SpeculativeConfig.tree) the drafts are a tree fed with tree attention, verify_tree picks the
+accepted path, and the runner moves its cache entries in place before the rollback (tree.py).
 
 Requests enter in two steps: `prepare_request` validates and encodes (no state changes, so a
 caller can check a whole batch before queueing any of it), `enqueue` queues.
@@ -34,7 +36,7 @@ import torch
 
 from ..config import EngineConfig
 from ..model import IncrementalDecoder, LlamaModel, Tokenizer
-from ..sample import DraftProbs, SamplingMetadata, rejection_sample
+from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
@@ -45,6 +47,7 @@ from .kv_cache import BlockManager
 from .request import FinishReason, Request
 from .runner import Feed, ModelRunner
 from .scheduler import ScheduledRequest, Scheduler
+from .tree import accepted_rows, feed_parents, path_move
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,8 @@ class RequestOutput:
 class PreparedRequest:
     """A validated, encoded request, not yet queued (LLMEngine.prepare_request).
 
-    num_speculative_tokens: the most draft tokens per step (0 without a drafter).
+    num_speculative_tokens: the most draft tokens (tree nodes, with SpeculativeConfig.tree) per
+        step (0 without a drafter).
     """
 
     request_id: str | None
@@ -94,6 +98,30 @@ class _Emitted:
     logprobs: list[TokenLogprob] | None  # per token, when the request asked for them
 
 
+@dataclass(frozen=True)
+class _Drafts:
+    """A step's drafts: per drafting request id its tokens and, for trees, its node parents;
+    the draft distributions ([total drafts, V], requests in step order) or None (one-hot)."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    parents: dict[str, list[int]] = field(default_factory=dict)
+    probs: torch.Tensor | None = None
+    replacement: bool = True  # tree siblings drawn with replacement (TreeBatch.replacement)
+
+    def of(self, request_id: str) -> list[int]:
+        return self.tokens.get(request_id, [])
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """Verification's result for one sampling request (path: the accepted tree nodes, root
+    side first; for a chain the accepted drafts' indices)."""
+
+    token_ids: list[int]
+    path: list[int]
+    logprobs: list[TokenLogprob] | None
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -107,7 +135,9 @@ class LLMEngine:
         self.config = config
         self.drafter = drafter
         spec = config.speculative
-        self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost) if spec.adaptive else None
+        self.tree = spec.tree if drafter is not None else None
+        self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost) \
+            if spec.adaptive and self.tree is None else None
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, self.blocks)
@@ -159,7 +189,7 @@ class LLMEngine:
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         spec = self.config.speculative
-        k = spec.num_speculative_tokens if spec.enabled else 0
+        k = spec.num_draft_tokens if spec.enabled else 0
         if num_speculative_tokens is not None:
             if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) \
                     or not 0 <= num_speculative_tokens <= 64:
@@ -260,34 +290,45 @@ class LLMEngine:
         reserved for the step are written). Per scheduled request, what it emits (None when it
         only fed a prefill chunk)."""
         sampling = [p for p in scheduled if p.samples]
-        drafts, draft_probs = self._propose(scheduled, sampling)
+        drafts = self._propose(scheduled, sampling)
         feeds = []
         fed: list[FedTokens] = []  # each request's conditional sequence, for a drafter that reads hidden states
         row = 0
         for p in scheduled:
-            d = drafts.get(p.request.request_id, [])
+            rid = p.request.request_id
+            d = drafts.of(rid)
             for seq, n in zip(p.request.seqs, p.num_new):
                 if p.samples or n > 0:  # a sequence with nothing to feed this step feeds nothing
                     feed = Feed(seq.seq_id, p.request.pending_token_ids(seq, n) + d, seq.num_computed,
-                                len(d) + 1 if p.samples else 0)
+                                len(d) + 1 if p.samples else 0,
+                                feed_parents(n, drafts.parents[rid]) if rid in drafts.parents else None)
                     if seq is p.request.seqs[0]:
-                        fed.append(FedTokens(p.request.request_id, feed.start, feed.token_ids, row))
+                        fed.append(FedTokens(rid, feed.start, feed.token_ids, row))
                     feeds.append(feed)
                     row += len(feed.token_ids)
         layers = self.drafter.hidden_layers if self.drafter is not None else ()
+        hidden = None
         if layers:
             logits, hidden = self.runner.forward_hidden(feeds, layers)
-            self.drafter.observe(fed, hidden)
         else:
             logits = self.runner.forward(feeds)
-        verified = iter(self._verify(sampling, drafts, draft_probs, logits) if sampling else [])
+        verified = self._verify(sampling, drafts, logits) if sampling else []
+        results = dict(zip((p.request.request_id for p in sampling), verified))
+        if self.tree is not None:
+            self.runner.move_kv([path_move(seq.seq_id, seq.num_computed, n, results[p.request.request_id].path)
+                                 for p in sampling for seq, n in zip(p.request.seqs, p.num_new)])
+        if hidden is not None:
+            if self.tree is not None:
+                # Only the tokens the request keeps: the pending ones and the accepted path.
+                fed, index = accepted_rows(fed, {rid: len(drafts.of(rid)) for rid in results},
+                                           {rid: v.path for rid, v in results.items()})
+                hidden = hidden[torch.tensor(index, device=hidden.device)]
+            self.drafter.observe(fed, hidden)
         emitted: list[_Emitted | None] = []
         for p in scheduled:
-            if p.samples:
-                tokens, num_accepted, logprobs = next(verified)
-                emitted.append(_Emitted(tokens, num_accepted, len(drafts.get(p.request.request_id, [])), logprobs))
-            else:
-                emitted.append(None)
+            v = results.get(p.request.request_id) if p.samples else None
+            emitted.append(None if v is None else _Emitted(
+                v.token_ids, len(v.path), len(drafts.of(p.request.request_id)), v.logprobs))
         return emitted
 
     def _commit(self, p: ScheduledRequest, emitted: _Emitted | None) -> RequestOutput | None:
@@ -318,11 +359,12 @@ class LLMEngine:
         return min(cap, self.adaptive.num_draft_tokens(
             request.request_id, len(self.scheduler.running), engine_step=self._steps + 1))
 
-    def _propose(self, scheduled: list[ScheduledRequest],
-                 sampling: list[ScheduledRequest]) -> tuple[dict[str, list[int]], torch.Tensor | None]:
+    def _propose(
+        self, scheduled: list[ScheduledRequest], sampling: list[ScheduledRequest],
+    ) -> _Drafts:
         speculating = [p for p in sampling if p.num_draft_slots > 0]
         if not speculating or self.drafter is None:
-            return {}, None
+            return _Drafts()
         counts = [p.num_draft_slots for p in speculating]
         if self.adaptive is not None:
             counts = self.adaptive.allot(
@@ -336,31 +378,37 @@ class LLMEngine:
             )
         drafting = [(p, k) for p, k in zip(speculating, counts) if k > 0]
         if not drafting:
-            return {}, None
+            return _Drafts()
         speculating = [p for p, _ in drafting]
-        batch = self.drafter.propose([
+        requests = [
             DraftRequest(p.request.request_id, p.request.all_token_ids(), k,
                          p.request.params, p.request.seed, p.request.step,
                          num_prompt_tokens=len(p.request.prompt_token_ids))
             for p, k in drafting
-        ])
-        drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
-        return drafts, batch.probs
+        ]
+        if self.tree is None:
+            batch = self.drafter.propose(requests)
+            drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
+            return _Drafts(drafts, {}, batch.probs)
+        trees = self.drafter.propose_tree(requests, self.tree)
+        kept = [(p.request.request_id, t, a) for p, t, a in
+                zip(speculating, trees.node_token_ids, trees.node_parents) if t]
+        return _Drafts({r: list(t) for r, t, _ in kept}, {r: list(a) for r, _, a in kept},
+                       trees.probs, trees.replacement)
 
     def _verify(
         self,
         sampling: list[ScheduledRequest],
-        drafts: dict[str, list[int]],
-        draft_probs: torch.Tensor | None,  # [total_draft_tokens, V] rows in the order of `sampling`
+        drafts: _Drafts,
         logits: torch.Tensor,  # [num_logits_rows, V]: per sampling request K + 1 rows per sequence
-    ) -> list[tuple[list[int], int, list[TokenLogprob] | None]]:
-        """Per sampling request: its emitted tokens, how many drafts it accepted, and the
+    ) -> list[_Verified]:
+        """Per sampling request: its emitted tokens, its accepted drafts (tree nodes) and the
         tokens' log-probabilities when it asked for them (computed only then)."""
         target_rows: list[int] = []
         uncond_rows: list[int] = []
         row = 0
         for p in sampling:
-            n = len(drafts.get(p.request.request_id, [])) + 1
+            n = len(drafts.of(p.request.request_id)) + 1
             target_rows.extend(range(row, row + n))
             uncond_rows.extend(range(row + n, row + 2 * n) if p.request.uses_cfg else range(row, row + n))
             row += n * len(p.request.seqs)
@@ -369,8 +417,8 @@ class LLMEngine:
         uncond = None
         if any(p.request.uses_cfg for p in sampling):
             uncond = logits[torch.tensor(uncond_rows, device=device)]
-        counts = [len(drafts.get(p.request.request_id, [])) for p in sampling]
-        ids = [t for p in sampling for t in drafts.get(p.request.request_id, [])]
+        counts = [len(drafts.of(p.request.request_id)) for p in sampling]
+        ids = [t for p in sampling for t in drafts.of(p.request.request_id)]
         metadata = SamplingMetadata.from_params(
             [p.request.params for p in sampling],
             steps=[p.request.step for p in sampling],
@@ -382,22 +430,38 @@ class LLMEngine:
         target = logits[index]
         draft_ids = torch.tensor(ids, dtype=torch.int64, device=device)
         cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
-        out = rejection_sample(
-            target, draft_ids, cu, metadata,
-            draft=DraftProbs(draft_probs) if draft_probs is not None and ids else None,
-            uncond_logits=uncond,
-            max_num_draft_tokens=max(counts),
-            validate=False,
-            verification=self.config.speculative.verification,
-        )
-        tokens = [row[: a + 1] for row, a in zip(out.token_ids.tolist(), out.num_accepted.tolist())]
+        draft = DraftProbs(drafts.probs) if drafts.probs is not None and ids else None
+        if self.tree is None:
+            out = rejection_sample(
+                target, draft_ids, cu, metadata, draft=draft, uncond_logits=uncond,
+                max_num_draft_tokens=max(counts), validate=False,
+                verification=self.config.speculative.verification,
+            )
+            accepted = out.num_accepted.tolist()
+            paths = [list(range(a)) for a in accepted]
+        else:
+            parents = [a for p in sampling for a in drafts.parents.get(p.request.request_id, [])]
+            out = verify_tree(target, draft_ids, torch.tensor(parents, dtype=torch.int64, device=device),
+                              cu, metadata, draft=draft, uncond_logits=uncond,
+                              replacement=drafts.replacement, validate=False)
+            accepted = out.num_accepted.tolist()
+            paths = [nodes[:a] for nodes, a in zip(out.accepted_nodes.tolist(), accepted)]
+        tokens = [row[: a + 1] for row, a in zip(out.token_ids.tolist(), accepted)]
         asked = [p.request.params.logprobs for p in sampling]
         records: list[list[TokenLogprob] | None] = [None] * len(sampling)
         if any(n is not None for n in asked):
+            if self.tree is not None:
+                # The emitted tokens' rows as a chain: each request's root row, then its path's.
+                rows = torch.tensor([start + b + r for b, (start, path) in enumerate(zip(cu.tolist(), paths))
+                                     for r in [0] + [j + 1 for j in path]], device=device)
+                target, uncond = target[rows], None if uncond is None else uncond[rows]
+                draft_ids = torch.tensor([t for row, a in zip(out.token_ids.tolist(), accepted) for t in row[:a]],
+                                         dtype=torch.int64, device=device)
+                cu = torch.tensor([0, *itertools.accumulate(accepted)], device=device)
             emitted = emitted_logprobs(target, draft_ids, cu, metadata, out, [n is not None for n in asked],
                                        max(n or 0 for n in asked), uncond)
             records = token_logprobs(emitted, tokens, [n or 0 for n in asked])
-        return [(t, len(t) - 1, r) for t, r in zip(tokens, records)]
+        return [_Verified(t, path, r) for t, path, r in zip(tokens, paths, records)]
 
     def _append(self, request: Request, tokens: list[int],
                 logprobs: list[TokenLogprob] | None = None) -> RequestOutput:

@@ -90,6 +90,8 @@ class LLM:
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
     adaptive: choose each request's K per step from its acceptance (SpeculativeConfig.adaptive);
         False drafts num_speculative_tokens every step.
+    tree: tree speculation with this static shape, branching factors per depth, e.g. (3, 2, 1)
+        (SpeculativeConfig.tree); None drafts chains.
     kv_cache_gib: memory for each model's paged KV cache.
     """
 
@@ -108,11 +110,13 @@ class LLM:
         progress: bool = True,
         verification: str = "token",
         adaptive: bool = True,
+        tree: tuple[int, ...] | None = None,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib={kv_cache_gib!r} is invalid: expected a number > 0")
-        no_drafts = draft in (None, "none") or num_speculative_tokens == 0  # K = 0: no drafter to load
+        # K = 0 and no tree: no drafter to load
+        no_drafts = draft in (None, "none") or (num_speculative_tokens == 0 and tree is None)
         method, draft_path = _draft_method(None if no_drafts else draft)
         spec = SpeculativeConfig(
             method=method,
@@ -120,6 +124,7 @@ class LLM:
             draft_model=draft_path,
             verification=verification,
             adaptive=adaptive,
+            tree=tree,
         )
         # Everything but the model's limits is checked before the (slow) load.
         limits = EngineConfig(

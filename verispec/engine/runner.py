@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from ..model import AttentionMetadata, LlamaModel
+from ..model.attention import check_parents, new_positions
 from .kv_cache import BlockManager
 
 
@@ -23,18 +24,39 @@ class Feed:
     token_ids: written to the cache at positions start, start + 1, ...; at least one (a sequence
         with nothing to feed in a pass has no Feed: an empty one has no row to attend from).
     num_logits: how many of its LAST rows need logits (0 for a prefill chunk).
+    parents: for a tree of tokens (tree speculation), the parent of each fed row among the fed
+        rows, -1 for a row that follows the cached context (verispec.model.attention: tree);
+        None for a chain.
     """
 
     seq_id: str
     token_ids: Sequence[int]
     start: int
     num_logits: int
+    parents: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_logits <= len(self.token_ids) or not self.token_ids:
             raise ValueError(f"Feed for seq_id={self.seq_id!r} has {len(self.token_ids)} tokens and "
                              f"num_logits={self.num_logits}: expected 1 or more tokens and "
                              "0 <= num_logits <= tokens")
+        if self.parents is not None:
+            check_parents(list(self.parents), len(self.token_ids))
+
+
+@dataclass(frozen=True)
+class KVMove:
+    """Keys/values of one sequence to copy from positions `src` to positions `dst` (pairwise):
+    after tree verification, the accepted path's entries to consecutive positions."""
+
+    seq_id: str
+    src: Sequence[int]
+    dst: Sequence[int]
+
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.dst):
+            raise ValueError(f"KVMove for seq_id={self.seq_id!r} has {len(self.src)} sources and "
+                             f"{len(self.dst)} destinations: expected as many of each")
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,27 @@ class ModelRunner:
         return self.model.forward_hidden(step.input_ids, step.positions, step.attn, self.kv_caches,
                                          step.logits_rows, hidden_layers)
 
+    def move_kv(self, moves: Sequence[KVMove]) -> None:
+        """Copies cache entries as `moves` say, in every layer. All sources are read before any
+        destination is written, so a path may slide onto its own positions."""
+        src = [s for m in moves for s in self._slots(m.seq_id, m.src)]
+        dst = [s for m in moves for s in self._slots(m.seq_id, m.dst)]
+        if not src:
+            return
+        src_t = torch.tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
+        dst_t = torch.tensor(dst, dtype=torch.int64).to(self.device, non_blocking=True)
+        for cache in self.kv_caches:
+            flat = cache.view(2, -1, *cache.shape[3:])
+            flat.index_copy_(1, dst_t, flat.index_select(1, src_t))
+
+    def _slots(self, seq_id: str, positions: Sequence[int]) -> list[int]:
+        table, size = self.blocks.block_table(seq_id), self.blocks.block_size
+        length = self.blocks.num_tokens(seq_id)
+        if any(not 0 <= p < length for p in positions):
+            raise ValueError(f"positions {list(positions)!r} of seq_id={seq_id!r}: expected "
+                             f"positions in [0, {length})")
+        return [table[p // size] * size + p % size for p in positions]
+
     def inputs(self, feeds: Sequence[Feed]) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
@@ -80,11 +123,12 @@ class ModelRunner:
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         logits_rows: list[int] = []
-        for feed in feeds:
+        trees = [None if feed.parents is None else list(feed.parents) for feed in feeds]
+        for feed, parents in zip(feeds, trees):
             n = len(feed.token_ids)
             end = feed.start + n
             ids.extend(feed.token_ids)
-            positions.extend(range(feed.start, end))
+            positions.extend(new_positions(feed.start, n, parents))
             slots.extend(self.blocks.slot_mapping(feed.seq_id, feed.start, end))
             logits_rows.extend(range(starts[-1] + n - feed.num_logits, starts[-1] + n))
             starts.append(starts[-1] + n)
@@ -103,5 +147,6 @@ class ModelRunner:
             block_tables=tensor(padded),
             query_lens_list=[b - a for a, b in zip(starts, starts[1:])],
             seq_lens_list=seq_lens,
+            trees=trees if any(t is not None for t in trees) else None,
         )
         return StepInputs(tensor(ids), tensor(positions), attn, tensor(logits_rows))

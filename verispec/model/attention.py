@@ -10,6 +10,13 @@ Terms used throughout:
   + p % block_size.
 - KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim], keys at index 0,
   values at 1.
+- tree: optionally, the new tokens of a sequence form a tree instead of a chain (tree
+  speculation: the pending tokens, then draft nodes branching from the last of them). Its
+  parents list gives, for each new row, the new row it follows (-1: it follows the cached
+  context directly). A row attends to the cached context and to its own ancestors (itself
+  included) only, and its rotary position is S_b - n_b + depth (depth 0 for a row with parent
+  -1): where it would sit on its own path. Its key/value still goes to cache position
+  S_b - n_b + row; moving an accepted path to consecutive positions is the caller's affair.
 
 How a batch is attended (decided once per forward by AttentionPlan, shared by all layers):
 - sequences with at most MAX_PADDED_QUERY_LEN new tokens (decode steps, speculative verify steps,
@@ -51,12 +58,21 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks_per_seq] int64, padded with 0
     query_lens_list: list[int] | None = field(default=None)
     seq_lens_list: list[int] | None = field(default=None)
+    # Per sequence, the parents of its new rows (module docstring: tree), or None for a chain.
+    trees: list[list[int] | None] | None = field(default=None)
 
     def __post_init__(self) -> None:
         if self.query_lens_list is None:
             self.query_lens_list = torch.diff(self.query_start_loc).tolist()
         if self.seq_lens_list is None:
             self.seq_lens_list = self.seq_lens.tolist()
+        if self.trees is not None:
+            if len(self.trees) != len(self.query_lens_list):
+                raise ValueError(f"trees has {len(self.trees)} entries: expected one per sequence "
+                                 f"({len(self.query_lens_list)})")
+            for parents, n in zip(self.trees, self.query_lens_list):
+                if parents is not None:
+                    check_parents(parents, n)
 
     @classmethod
     def build(
@@ -66,8 +82,10 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device | str = "cpu",
+        trees: list[list[int] | None] | None = None,
     ) -> AttentionMetadata:
-        """Metadata for sequences with query_lens[b] new tokens ending at seq_lens[b]."""
+        """Metadata for sequences with query_lens[b] new tokens ending at seq_lens[b] (trees:
+        the parents of each sequence's new rows, None for chains)."""
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise ValueError(
                 f"query_lens, seq_lens and block_tables must have one entry per sequence, "
@@ -89,13 +107,45 @@ class AttentionMetadata:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
         return cls(tensor(starts), tensor(seq_lens), tensor(slots), tensor(padded),
-                   list(query_lens), list(seq_lens))
+                   list(query_lens), list(seq_lens), None if trees is None else list(trees))
 
     def positions(self) -> torch.Tensor:  # [T] int64
-        """Absolute position of every new token, in batch order."""
-        spans = [range(s - n, s) for n, s in zip(self.query_lens_list, self.seq_lens_list)]
-        return torch.tensor([p for span in spans for p in span], dtype=torch.int64,
-                            device=self.slot_mapping.device)
+        """Rotary position of every new token, in batch order (tree rows: module docstring)."""
+        trees = self.trees or [None] * len(self.query_lens_list)
+        values = [p for n, s, parents in zip(self.query_lens_list, self.seq_lens_list, trees)
+                  for p in new_positions(s - n, n, parents)]
+        return torch.tensor(values, dtype=torch.int64, device=self.slot_mapping.device)
+
+
+def check_parents(parents: list[int], n: int) -> None:
+    """ValueError unless `parents` gives each of n new rows a parent row before it, or -1."""
+    if len(parents) != n or any(not -1 <= p < i for i, p in enumerate(parents)):
+        raise ValueError(f"tree parents={parents!r} for {n} new rows: expected {n} entries, "
+                         "each -1 or the index of an earlier row")
+
+
+def new_positions(start: int, n: int, parents: list[int] | None) -> list[int]:
+    """Rotary positions of n new rows from cache position `start`: consecutive for a chain,
+    start + depth for a tree."""
+    if parents is None:
+        return list(range(start, start + n))
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return [start + d for d in depth]
+
+
+def tree_mask(parents: list[int], seq_len: int, device: torch.device) -> torch.Tensor:
+    """[n, seq_len] bool: each new row may attend the cached context and its ancestors."""
+    n = len(parents)
+    context = seq_len - n
+    mask = torch.zeros(n, seq_len, dtype=torch.bool)
+    mask[:, :context] = True
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, context + i] = True
+    return mask.to(device)
 
 
 @dataclass
@@ -123,7 +173,8 @@ class _Single:
     end: int
     seq_len: int
     block_ids: torch.Tensor | None  # [blocks] its blocks; None when it has no cached context
-    mask: torch.Tensor | None  # [end - start, seq_len] causal mask; None when no cached context
+    # [end - start, seq_len] causal or tree mask; None for a chain with no cached context
+    mask: torch.Tensor | None
 
 
 class AttentionPlan:
@@ -141,15 +192,18 @@ class AttentionPlan:
         self.slot_mapping = attn.slot_mapping
         self.singles: list[_Single] = []
         short: list[int] = []
-        for b, (n, s) in enumerate(zip(query_lens, seq_lens)):
+        trees = attn.trees or [None] * len(query_lens)
+        for b, (n, s, parents) in enumerate(zip(query_lens, seq_lens, trees)):
             if n <= MAX_PADDED_QUERY_LEN:
                 short.append(b)
                 continue
+            mask = None if parents is None else tree_mask(parents, s, device)
             if n == s:
-                self.singles.append(_Single(starts[b], starts[b + 1], s, None, None))
+                self.singles.append(_Single(starts[b], starts[b + 1], s, None, mask))
                 continue
             blocks = attn.block_tables[b, : -(-s // block_size)]
-            mask = torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
+            if mask is None:
+                mask = torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
             self.singles.append(_Single(starts[b], starts[b + 1], s, blocks, mask))
         self.padded = self._plan_padded(attn, short, starts, block_size) if short else None
         self.widen_padded = widen_decode and self.padded is not None \
@@ -175,6 +229,10 @@ class AttentionPlan:
             query_pos_t = torch.tensor(query_pos, dtype=torch.int64, device=device)
             key_pos = torch.arange(max_s, device=device)
             mask = (key_pos <= query_pos_t[:, :, None]).unsqueeze(1)
+            for g, b in enumerate(seqs):
+                parents = attn.trees[b] if attn.trees is not None else None
+                if parents is not None:
+                    mask[g, 0, : len(parents), : seq_lens[g]] = tree_mask(parents, seq_lens[g], device)
 
         if len(seqs) == len(attn.query_lens_list) and min(query_lens) == max_n:
             return _PaddedGroup(len(seqs), max_n, max_s, block_ids, mask, None, None, None)

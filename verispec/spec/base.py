@@ -10,6 +10,8 @@ import torch
 
 from verispec.sampling_params import SamplingParams
 
+from .trees import TreeBatch
+
 
 @dataclass(frozen=True)
 class DraftRequest:
@@ -127,6 +129,13 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""
+
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
+        """Draft trees of at most `shape` (spec/trees.py) and ``num_draft_tokens`` nodes per
+        request. This default drafts a chain with ``propose``: a tree of one branch."""
+        batch = self.propose(requests)
+        return TreeBatch(batch.token_ids, [list(range(-1, len(t) - 1)) for t in batch.token_ids],
+                         batch.probs)
 
     def observe(
         self,

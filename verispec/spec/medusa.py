@@ -19,6 +19,7 @@ from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import MedusaHeads
+from .trees import TreeBatch, static_tree
 
 
 class MedusaDrafter(Drafter):
@@ -33,10 +34,9 @@ class MedusaDrafter(Drafter):
     def release(self, request_id: str) -> None:
         self.store.release(request_id)
 
-    @torch.inference_mode()
-    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
-        drafts: list[list[int]] = [[] for _ in requests]
-        rows: list[list[torch.Tensor]] = [[] for _ in requests]
+    def _features(self, requests: Sequence[DraftRequest]) -> tuple[list[int], torch.Tensor | None]:
+        """The requests that draft (those asking for drafts whose newest feature is known), and
+        those features ([len(active), d]; None when none drafts)."""
         active, features = [], []
         for i, request in enumerate(requests):
             rid, newest = request.request_id, len(request.token_ids) - 1
@@ -46,16 +46,44 @@ class MedusaDrafter(Drafter):
             features.append(self.store.features(rid, newest - 1, newest))
             self.store.drop_before(rid, newest - 1)
             active.append(i)
-        if not active:
+        return active, torch.cat(features) if features else None
+
+    @torch.inference_mode()
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
+        """Head k's b_k most likely tokens become the children of every node at depth k - 1
+        (spec/trees.py), as in Medusa's static trees; the drafts are deterministic."""
+        tokens: list[list[int]] = [[] for _ in requests]
+        parents: list[list[int]] = [[] for _ in requests]
+        active, features = self._features(requests)
+        if features is None:
+            return TreeBatch(tokens, parents)
+        shape = shape[: len(self.heads.blocks)]
+        logits = self.heads(self.heads.normalize(features))  # [K, R, N]
+        # [R, b_k] target token ids, most likely first, per depth
+        top = [self.heads.draft_vocab[logits[k].topk(min(b, logits.shape[-1]), dim=-1).indices].tolist()
+               for k, b in enumerate(shape)]
+        shape = tuple(len(t[0]) for t in top)
+        for r, i in enumerate(active):
+            for node in static_tree(shape, requests[i].num_draft_tokens):
+                tokens[i].append(top[node.depth - 1][r][node.rank])
+                parents[i].append(node.parent)
+        return TreeBatch(tokens, parents)
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
+        drafts: list[list[int]] = [[] for _ in requests]
+        rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        active, features = self._features(requests)
+        if features is None:
             return DraftBatch(drafts)
-        device = features[0].device
+        device = features.device
         sampling = SamplingMetadata.from_params(
             [r.params for r in requests], steps=[r.step for r in requests],
             seeds=[r.seed for r in requests], device=device,
             prompt_token_ids=[r.prompt_token_ids for r in requests],
             output_token_ids=[r.output_token_ids for r in requests],
         )
-        logits = self.heads(self.heads.normalize(torch.cat(features)))  # [K, R, N]
+        logits = self.heads(self.heads.normalize(features))  # [K, R, N]
         slot = {i: r for r, i in enumerate(active)}  # request -> its row in `logits`
         for k in range(logits.shape[0]):
             active = [i for i in active if requests[i].num_draft_tokens > k]

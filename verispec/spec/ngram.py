@@ -11,6 +11,10 @@ num_speculative_tokens):
    past the end as LZ77 does: the draft continues the repetition, t_{L+i} = t_{L+i-d}.
 3. No occurrence for any n: propose nothing.
 
+Trees (``propose_tree``): the continuations of several matches, preferred as above (longest n
+first, then most recent), merged into a trie: a continuation adds the nodes it does not share
+with earlier ones, within the shape's branching factors and depth and the node budget.
+
 The tokens are deterministic, so ``probs`` is None (one-hot q). Drafts only affect speed; the
 verifier makes the output exact whatever they are.
 
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from verispec.spec.base import DraftBatch, Drafter, DraftRequest
+from verispec.spec.trees import TreeBatch
 
 
 class _TokenBuffer:
@@ -64,19 +69,19 @@ def _check_positive(name: str, value: object) -> int:
     return value
 
 
-def propose_ngram(
+def match_ends(
     tokens: np.ndarray,  # [L] int64: prompt + output so far
     min_n: int,
     max_n: int,
-    k: int,
 ) -> list[int]:
-    """The prompt-lookup draft of at most k tokens for one context (rule: module docstring)."""
+    """Ends j < L - 1 of earlier occurrences of the context's last n tokens, min_n <= n <= max_n,
+    best first: longest n first, then most recent."""
     length = len(tokens)
-    if k == 0 or length < 2:
+    if length < 2:
         return []
     # Candidate match ends j < L - 1 whose last n tokens equal the suffix's, for growing n.
     ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])
-    best = -1
+    by_n: list[np.ndarray] = []
     for n in range(1, max_n + 1):
         if n > 1:
             ends = ends[ends >= n - 1]
@@ -84,14 +89,67 @@ def propose_ngram(
         if len(ends) == 0:
             break
         if n >= min_n:
-            best = int(ends[-1])
-    if best < 0:
-        return []
-    follow = tokens[best + 1 : best + 1 + k]
+            by_n.append(ends)
+    ordered: list[int] = []
+    seen: set[int] = set()
+    for ends in reversed(by_n):
+        for j in ends[::-1].tolist():
+            if j not in seen:
+                seen.add(j)
+                ordered.append(j)
+    return ordered
+
+
+def continuation(tokens: np.ndarray, end: int, k: int) -> list[int]:  # tokens: [L] int64
+    """The k tokens after the match ending at `end`, copied on past the context's end when the
+    match overlaps it (module docstring)."""
+    follow = tokens[end + 1 : end + 1 + k]
     if len(follow) < k:
         # The match overlaps the suffix: continue the period-len(follow) repetition.
         follow = np.resize(follow, k)
     return follow.tolist()
+
+
+def propose_ngram(
+    tokens: np.ndarray,  # [L] int64: prompt + output so far
+    min_n: int,
+    max_n: int,
+    k: int,
+) -> list[int]:
+    """The prompt-lookup draft of at most k tokens for one context (rule: module docstring)."""
+    if k == 0:
+        return []
+    ends = match_ends(tokens, min_n, max_n)
+    return continuation(tokens, ends[0], k) if ends else []
+
+
+def propose_ngram_tree(
+    tokens: np.ndarray,  # [L] int64: prompt + output so far
+    min_n: int,
+    max_n: int,
+    shape: tuple[int, ...],
+    budget: int,
+) -> tuple[list[int], list[int]]:
+    """(node tokens, node parents) of the trie of match continuations (module docstring)."""
+    node_tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[int, dict[int, int]] = {-1: {}}  # node -> its children by token
+    for end in match_ends(tokens, min_n, max_n) if budget > 0 else []:
+        node = -1
+        for depth, token in enumerate(continuation(tokens, end, len(shape))):
+            if token in children[node]:
+                node = children[node][token]
+                continue
+            if len(children[node]) == shape[depth] or len(node_tokens) == budget:
+                break
+            children[node][token] = len(node_tokens)
+            children[len(node_tokens)] = {}
+            node_tokens.append(token)
+            parents.append(node)
+            node = len(node_tokens) - 1
+        if len(node_tokens) == budget:
+            break
+    return node_tokens, parents
 
 
 class NgramDrafter(Drafter):
@@ -115,16 +173,26 @@ class NgramDrafter(Drafter):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         return DraftBatch(token_ids=[self._propose_one(r) for r in requests], probs=None)
 
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
+        """Tries of continuations (module docstring), of at most each request's
+        ``num_draft_tokens`` nodes (num_speculative_tokens does not cap trees)."""
+        trees = [propose_ngram_tree(self._tokens(r), self.min_n, self.max_n, shape, r.num_draft_tokens)
+                 for r in requests]
+        return TreeBatch([t for t, _ in trees], [p for _, p in trees])
+
     def _propose_one(self, request: DraftRequest) -> list[int]:
         k = min(request.num_draft_tokens, self.num_speculative_tokens)
         if k <= 0:
             return []
+        return propose_ngram(self._tokens(request), self.min_n, self.max_n, k)
+
+    def _tokens(self, request: DraftRequest) -> np.ndarray:  # [L] int64, the request's mirror
         buf = self._buffers.get(request.request_id)
         if buf is None or not buf.extends_to(request.token_ids):
             buf = self._buffers[request.request_id] = _TokenBuffer(request.token_ids)
         else:
             buf.sync(request.token_ids)
-        return propose_ngram(buf.data[: buf.length], self.min_n, self.max_n, k)
+        return buf.data[: buf.length]
 
     def release(self, request_id: str) -> None:
         self._buffers.pop(request_id, None)
