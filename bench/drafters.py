@@ -55,7 +55,8 @@ def chat_ids(llm: LLM, text: str) -> list[int]:
 
 
 def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: SamplingParams) -> dict[str, dict]:
-    """Prompt by prompt, every drafter in turn (so drift in the machine's speed hits all alike)."""
+    """Prompt by prompt, every engine in turn (so drift in the machine's speed hits all alike).
+    rows_per_step: verify rows per step with drafts (drafts + 1), as vLLM counts acceptance."""
     stats = {name: defaultdict(SpecDecodeStats) for name in llms}
     tokens = dict.fromkeys(llms, 0)
     seconds = dict.fromkeys(llms, 0.0)
@@ -77,6 +78,7 @@ def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Samp
             total.merge(s)
         results[name] = {"tokens": tokens[name], "seconds": seconds[name], "tok_s": tokens[name] / seconds[name],
                          "mean_acceptance_length": total.mean_acceptance_length,
+                         "rows_per_step": 1 + total.num_draft_tokens / max(1, total.num_drafts),
                          "per_category": {c: s.mean_acceptance_length for c, s in stats[name].items()},
                          "outputs": outputs[name]}
     return results

@@ -16,18 +16,15 @@ whether the tokens equal those of decoding without drafts (they must).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import time
 from pathlib import Path
 
 import torch
 from common import write_json
-from drafters import chat_ids, load
+from drafters import load, run_batch1
 
 from verispec import SamplingParams
 from verispec.config import tree_size
 from verispec.engine.llm import LLM
-from verispec.spec.metrics import SpecDecodeStats
 
 
 def shape(text: str) -> tuple[int, ...]:
@@ -42,30 +39,6 @@ def engines(draft: str, chains: list[int], trees: list[tuple[int, ...]]) -> dict
     for tree in trees:
         llms[f"tree {','.join(map(str, tree))}"] = LLM(draft=draft, tree=tree, progress=False)
     return llms
-
-
-def run(llms: dict[str, LLM], prompts: list[dict[str, str]], params: SamplingParams) -> dict[str, dict]:
-    """Prompt by prompt, every configuration in turn (so drift in the machine's speed hits all
-    alike)."""
-    stats = {name: SpecDecodeStats() for name in llms}
-    tokens = dict.fromkeys(llms, 0)
-    seconds = dict.fromkeys(llms, 0.0)
-    outputs: dict[str, list[list[int]]] = {name: [] for name in llms}
-    for i, row in enumerate(prompts):
-        p = dataclasses.replace(params, seed=i) if params.temperature > 0 else params
-        for name, llm in llms.items():
-            ids = chat_ids(llm, row["prompt"])
-            start = time.perf_counter()
-            out = llm.generate(ids, p, use_tqdm=False)[0]
-            seconds[name] += time.perf_counter() - start
-            tokens[name] += len(out.token_ids)
-            stats[name].merge(out.stats)
-            outputs[name].append(out.token_ids)
-    return {name: {"tokens": tokens[name], "seconds": seconds[name], "tok_s": tokens[name] / seconds[name],
-                   "mean_acceptance_length": stats[name].mean_acceptance_length,
-                   "rows_per_step": 1 + stats[name].num_draft_tokens / max(1, stats[name].num_drafts),
-                   "outputs": outputs[name]}
-            for name in llms}
 
 
 def main() -> None:
@@ -90,7 +63,7 @@ def main() -> None:
     rows = []
     for mode, params in (("greedy", SamplingParams(temperature=0, max_tokens=args.max_tokens)),
                          ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
-        results = run(llms, prompts, params)
+        results = run_batch1(llms, prompts, params)
         for name in sorted(llms, key=lambda n: (planned[n], n)):
             r = results[name]
             ratio = r["tok_s"] / results["none"]["tok_s"]

@@ -17,9 +17,8 @@ import torch
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from ..model import LlamaModel
-from ..sample import SamplingMetadata
 from .base import DraftBatch, Drafter, DraftRequest
-from .draft_sampling import sample_drafts
+from .draft_sampling import draft_metadata, sample_drafts
 
 
 class DraftModelDrafter(Drafter):
@@ -40,12 +39,7 @@ class DraftModelDrafter(Drafter):
         pending = {i: list(requests[i].token_ids[len(self._cached[requests[i].request_id]) :]) for i in active}
         sampling = None
         if active:
-            sampling = SamplingMetadata.from_params(
-                [r.params for r in requests], steps=[r.step for r in requests],
-                seeds=[r.seed for r in requests], device=self.runner.device,
-                prompt_token_ids=[r.prompt_token_ids for r in requests],
-                output_token_ids=[r.output_token_ids for r in requests],
-            )
+            sampling = draft_metadata(requests, self.runner.device)
         position = 0
         while active:
             feeds = []

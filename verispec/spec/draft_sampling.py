@@ -10,6 +10,8 @@ is; greedy requests take q's argmax.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..sample import SamplingMetadata
@@ -17,6 +19,18 @@ from ..sample.penalties import PrecedingTokens
 from ..sample.processors import process_logits
 from ..sample.rejection import sample_inverse_cdf
 from ..sample.rng import DRAFT, uniform
+from .base import DraftRequest
+
+
+def draft_metadata(requests: Sequence[DraftRequest], device: torch.device) -> SamplingMetadata:
+    """The sampling metadata of a drafter's call: each request's pipeline, streams and
+    penalty histories, rows in request order."""
+    return SamplingMetadata.from_params(
+        [r.params for r in requests], steps=[r.step for r in requests],
+        seeds=[r.seed for r in requests], device=device,
+        prompt_token_ids=[r.prompt_token_ids for r in requests],
+        output_token_ids=[r.output_token_ids for r in requests],
+    )
 
 
 def sample_drafts(

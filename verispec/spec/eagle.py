@@ -26,9 +26,8 @@ import torch
 
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
-from ..sample import SamplingMetadata
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import sample_from_draft_vocab
+from .draft_sampling import draft_metadata, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import EagleHead
 
@@ -65,12 +64,7 @@ class EagleDrafter(Drafter):
                 active.append(i)
         if not active:
             return DraftBatch(drafts)
-        sampling = SamplingMetadata.from_params(
-            [r.params for r in requests], steps=[r.step for r in requests],
-            seeds=[r.seed for r in requests], device=self.runner.device,
-            prompt_token_ids=[r.prompt_token_ids for r in requests],
-            output_token_ids=[r.output_token_ids for r in requests],
-        )
+        sampling = draft_metadata(requests, self.runner.device)
         position = 0
         while active:
             step = self.runner.inputs(feeds)

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..sample import SamplingMetadata
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import sample_from_draft_vocab
+from .draft_sampling import draft_metadata, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import MedusaHeads
 from .trees import TreeBatch, static_tree
@@ -77,12 +76,7 @@ class MedusaDrafter(Drafter):
         if features is None:
             return DraftBatch(drafts)
         device = features.device
-        sampling = SamplingMetadata.from_params(
-            [r.params for r in requests], steps=[r.step for r in requests],
-            seeds=[r.seed for r in requests], device=device,
-            prompt_token_ids=[r.prompt_token_ids for r in requests],
-            output_token_ids=[r.output_token_ids for r in requests],
-        )
+        sampling = draft_metadata(requests, device)
         logits = self.heads(self.heads.normalize(features))  # [K, R, N]
         slot = {i: r for r, i in enumerate(active)}  # request -> its row in `logits`
         for k in range(logits.shape[0]):
