@@ -4,9 +4,11 @@ Held-out prompts (every `held_out_every`-th prompt of the set, never trained on)
 head's acceptance before and after training with the engine itself: greedy, a fixed K, the
 mean number of tokens emitted per verify step (accepted drafts + 1).
 
-Everything slow is cached under the cache directory, keyed by model and data settings:
-recordings in shards of SHARD prompts (an interrupted run records only the missing shards),
-training checkpoints (trainer.py), so running the same command again resumes.
+Everything slow is cached under the cache directory: recordings in shards of SHARD prompts,
+each keyed by the model, max_tokens, seed and its own prompts (an interrupted run records only
+the missing shards, and a run on more prompts reuses the shards of the prompts it shares), and
+training checkpoints keyed by the data and head settings (trainer.py), so running the same
+command again resumes.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_vocab > model.config.vocab_size:
         raise ValueError(f"--draft-vocab={args.draft_vocab} is invalid: expected at most the model's "
                          f"vocabulary size {model.config.vocab_size}")
-    key = hashlib.sha1(repr((str(args.model), model.config, training, args.max_tokens)).encode()).hexdigest()[:12]
+    key = hashlib.sha1(repr((str(args.model), model.config, args.max_tokens, args.seed)).encode()).hexdigest()[:12]
     cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "train"
     dataset = record_shards(model, tokenizer, training, args.max_tokens, cache / f"data-{key}", args.seed)
     print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens")
               if getattr(args, name) is not None}
     train_config = TrainConfig(seed=args.seed, **chosen)
-    run_key = hashlib.sha1(repr((key, config, args.draft_vocab)).encode()).hexdigest()[:12]
+    run_key = hashlib.sha1(repr((key, training, config, args.draft_vocab)).encode()).hexdigest()[:12]
     losses = train(head, dataset, train_config, checkpoint_dir=cache / f"{args.kind}-{run_key}")
     out = Path(args.out or f"{args.kind}-head.safetensors")
     save_head(head, out)
@@ -88,13 +90,15 @@ def run(args: argparse.Namespace) -> int:
 
 def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str], max_tokens: int,
                   directory: Path, seed: int = 0) -> Dataset:
-    """`record` in shards of SHARD prompts, each cached in `directory`. Answers alternate
-    between greedy and temperature 0.7 / top-p 0.9 (seeded), the two regimes drafts serve."""
+    """`record` in shards of SHARD prompts, each cached in `directory` under a name that holds
+    its index and a hash of its prompts. Answers alternate between greedy and temperature 0.7 /
+    top-p 0.9 (seeded), the two regimes drafts serve."""
     parts = []
     for start in range(0, len(prompts), SHARD):
-        path = directory / f"shard-{start // SHARD:04d}.safetensors"
+        chunk = prompts[start : start + SHARD]
+        digest = hashlib.sha1(repr(list(chunk)).encode()).hexdigest()[:10]
+        path = directory / f"shard-{start // SHARD:04d}-{digest}.safetensors"
         if not path.is_file():
-            chunk = prompts[start : start + SHARD]
             params = [SamplingParams(temperature=0.0 if (start + i) % 2 == 0 else 0.7, top_p=1.0 if (start + i) % 2 == 0 else 0.9,
                                      seed=seed * 1_000_003 + start + i, max_tokens=max_tokens)
                       for i in range(len(chunk))]
