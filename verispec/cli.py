@@ -13,6 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from .config import TreeShape, parse_tree
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -82,10 +83,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                              "the embedded model), a head file from `verispec train-drafter`, 'none', or a "
                              "draft model path sharing the tokenizer")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K", help=k_help)
-    parser.add_argument("--tree", type=_tree_shape, default=None, metavar="B1,B2,...",
-                        help="tree speculation: a static draft tree with B1 children of the root, B2 "
-                             "of each of those, ... (e.g. 3,2,1), verified exactly; replaces -k "
-                             "(default: off, chains of K drafts)")
+    parser.add_argument("--tree", type=_tree_shape, default=None, metavar="B1,B2,...|dynamic[:N,D,K]",
+                        help="tree speculation, verified exactly; replaces -k (default: off, chains of K "
+                             "drafts). B1,B2,...: a static tree with B1 children of the root, B2 of each "
+                             "of those, ... (e.g. 3,2,1). dynamic[:N,D,K]: EAGLE-2's tree grown by draft "
+                             "confidence, N nodes, D levels, the K best nodes expanded per level with K "
+                             "children each (default dynamic:16,5,4); EAGLE and Medusa grow trees, "
+                             "n-gram fills tries, a draft model drafts a chain")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and KV cache (default: float32); bfloat16 halves their memory "
                              "and, at batch 1, the bytes read per token")
@@ -163,15 +167,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
 
 
-def _tree_shape(text: str) -> tuple[int, ...]:
+def _tree_shape(text: str) -> TreeShape:
     try:
-        shape = tuple(int(b) for b in text.split(","))
-    except ValueError:
-        shape = ()
-    if not shape or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected branching factors >= 1 "
-                                         "separated by commas, e.g. 3,2,1")
-    return shape
+        return parse_tree(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _bias_entry(text: str) -> tuple[int, float]:

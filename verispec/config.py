@@ -13,13 +13,57 @@ def _require(ok: bool, name: str, value: object, expected: str) -> None:
 MAX_TREE_NODES = 64
 
 
-def tree_size(shape: tuple[int, ...]) -> int:
-    """Nodes of a static tree with branching factor shape[d] at depth d + 1."""
+def tree_size(shape: tuple[int, ...] | DynamicTree) -> int:
+    """Nodes of a static tree with branching factor shape[d] at depth d + 1, or a dynamic
+    tree's node budget."""
+    if isinstance(shape, DynamicTree):
+        return shape.nodes
     total, width = 0, 1
     for branching in shape:
         width *= branching
         total += width
     return total
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's dynamic draft tree (verispec/spec/trees.py): at most `nodes` nodes, `depth` levels,
+    `top_k` nodes expanded per level with `top_k` children each."""
+
+    nodes: int = 16
+    depth: int = 5
+    top_k: int = 4
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("nodes", 1, MAX_TREE_NODES), ("depth", 1, 16), ("top_k", 1, 16)):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+                     f"DynamicTree {name}", value, f"an integer in [{low}, {high}]")
+
+    def max_fed_nodes(self) -> int:
+        """The most nodes one expansion round feeds: the expanded nodes and their ancestors."""
+        return self.top_k * max(1, self.depth - 1)
+
+
+TreeShape = tuple[int, ...] | DynamicTree
+
+
+def parse_tree(text: str) -> TreeShape:
+    """A tree from its command-line form: "3,2,1" (a static shape) or
+    "dynamic[:NODES[,DEPTH[,TOP_K]]]" (a DynamicTree, defaults for what is left out).
+    ValueError naming the text otherwise."""
+    dynamic = text == "dynamic" or text.startswith("dynamic:")
+    fields = text[len("dynamic:"):].split(",") if text.startswith("dynamic:") else [] if dynamic else text.split(",")
+    try:
+        values = tuple(int(v) for v in fields)
+    except ValueError:
+        values = None
+    if dynamic and values is not None and len(values) <= 3:
+        return DynamicTree(*values)
+    if not dynamic and values and min(values) >= 1:
+        return values
+    raise ValueError(f"tree {text!r} is invalid: expected branching factors >= 1 separated by commas "
+                     "(e.g. 3,2,1) or dynamic[:NODES[,DEPTH[,TOP_K]]] (e.g. dynamic:16,5,4)")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -62,7 +106,8 @@ class SpeculativeConfig:
         fewer accepted drafts in expectation; verispec/sample/block.py).
     tree: tree speculation with a static tree shape, the branching factor at each depth (e.g.
         (3, 2, 1): 3 children of the root, 2 children of each, 1 child of each of those: 15
-        nodes), verified exactly with verispec/sample/tree.py; None: chains of
+        nodes), or a DynamicTree grown by draft confidence (EAGLE-2; drafters without their own
+        tree drafts draft one chain), verified exactly with verispec/sample/tree.py; None: chains of
         num_speculative_tokens drafts. With a tree, a request drafts up to the tree's node count
         (num_speculative_tokens and `adaptive` do not apply; `verification` must be "token").
     """
@@ -75,7 +120,7 @@ class SpeculativeConfig:
     adaptive: bool = True
     row_cost: float = 0.1
     verification: str = "token"
-    tree: tuple[int, ...] | None = None
+    tree: TreeShape | None = None
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, "method", self.method, f"one of {METHODS}")
@@ -94,11 +139,12 @@ class SpeculativeConfig:
                  "row_cost", self.row_cost, "a number > 0")
         _require(self.verification in ("token", "block"), "verification", self.verification,
                  "'token' or 'block'")
-        if self.tree is not None:
+        if self.tree is not None and not isinstance(self.tree, DynamicTree):
             _require(isinstance(self.tree, tuple) and 0 < len(self.tree)
                      and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.tree)
                      and tree_size(self.tree) <= MAX_TREE_NODES, "tree", self.tree,
                      f"a non-empty tuple of branching factors >= 1 with at most {MAX_TREE_NODES} nodes in all")
+        if self.tree is not None:
             _require(self.verification == "token", "verification", self.verification,
                      "'token' with a tree")
 

@@ -13,7 +13,7 @@ import torch
 
 from verispec import LLM, SamplingParams
 from verispec.cli import main
-from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.config import CacheConfig, DynamicTree, EngineConfig, SpeculativeConfig, TreeShape
 from verispec.engine.engine import LLMEngine
 from verispec.spec.base import Drafter
 from verispec.spec.draft_model import DraftModelDrafter
@@ -32,10 +32,10 @@ from ..stats import chi_square
 from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
 
 
-def _engine(model, drafter: Drafter | None, tree: tuple[int, ...] | None, max_seqs: int = 64,
-            num_blocks: int = 8192) -> LLMEngine:
+def _engine(model, drafter: Drafter | None, tree: TreeShape | None, max_seqs: int = 64,
+            num_blocks: int = 8192, k: int = 5) -> LLMEngine:
     method = "none" if drafter is None else "ngram" if isinstance(drafter, NgramDrafter) else "medusa"
-    spec = SpeculativeConfig(method=method, tree=tree)
+    spec = SpeculativeConfig(method=method, tree=tree, num_speculative_tokens=k, adaptive=False)
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=4096, max_model_len=512,
                           cache=CacheConfig(4, num_blocks), speculative=spec)
     return LLMEngine(model, word_tokenizer(model.config.vocab_size), config, drafter)
@@ -79,17 +79,42 @@ def test_tree_batches_are_checked(tokens, parents, probs) -> None:
         TreeBatch(tokens, parents, probs)
 
 
-@pytest.mark.parametrize("tree,num_blocks", [((3, 2, 1), 8192), ((4, 1, 1), 8192), ((2, 2, 2), 40)])
-def test_greedy_tree_output_is_plain_decoding_token_for_token(tree, num_blocks: int) -> None:
-    """Batched, with 40 blocks of 4 small enough to preempt."""
+def _drafter(kind: str) -> Drafter:
+    head = learned.trained(kind)
+    return MedusaDrafter(head) if kind == "medusa" else EagleDrafter(head, num_blocks=8192, block_size=4)
+
+
+@pytest.mark.parametrize("kind,tree,num_blocks", [
+    ("medusa", (3, 2, 1), 8192), ("medusa", (4, 1, 1), 8192), ("medusa", (2, 2, 2), 40),
+    ("medusa", DynamicTree(8, 3, 3), 40), ("eagle", (3, 2, 1), 8192), ("eagle", (2, 2, 2), 40),
+    ("eagle", DynamicTree(10, 4, 3), 8192), ("eagle", DynamicTree(6, 3, 2), 40),
+])
+def test_greedy_tree_output_is_plain_decoding_token_for_token(kind: str, tree: TreeShape, num_blocks: int) -> None:
+    """Batched, with 40 blocks of 4 small enough to preempt; static and dynamic trees."""
     target, prompts = learned.target(), learned.prompts(6, seed=11)
     plain, _ = _greedy(_engine(target, None, None), prompts)
-    engine = _engine(target, MedusaDrafter(learned.trained("medusa")), tree, num_blocks=num_blocks)
+    drafter = _drafter(kind)
+    engine = _engine(target, drafter, tree, num_blocks=num_blocks)
     batched, done = _greedy(engine, prompts)
     assert batched == plain
     assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
     assert engine.blocks.num_free_blocks == num_blocks
     assert engine.blocks.seq_ids() == []
+    if kind == "eagle":  # drafting rolled the head's cache back to nothing
+        assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_a_one_branch_tree_drafts_what_the_chain_drafts(kind: str) -> None:
+    """Tree (1, 1, 1) takes each level's most likely token: the greedy chain of K = 3, so the
+    same drafts are accepted step by step."""
+    target, prompts = learned.target(), learned.prompts(6, seed=11)
+    stats = []
+    for tree in (None, (1, 1, 1)):
+        _, done = _greedy(_engine(target, _drafter(kind), tree, k=3), prompts)
+        stats.append([(o.stats.num_draft_tokens, o.stats.num_accepted_tokens) for o in done.values()])
+    assert stats[0] == stats[1]
+    assert sum(a for _, a in stats[0]) > 0
 
 
 @pytest.mark.parametrize("shape,budget,tokens,parents", [
@@ -120,15 +145,14 @@ def test_greedy_ngram_tree_output_is_plain_decoding_token_for_token(num_blocks: 
     assert engine.blocks.num_free_blocks == num_blocks
 
 
-@pytest.mark.parametrize("kind", ["eagle", "draft_model"])
-def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode(kind: str) -> None:
-    """EAGLE's and the draft model's drafters keep the default propose_tree (one branch of up
-    to the tree's node count): still plain decoding's tokens, with preemption."""
+@pytest.mark.parametrize("tree", [(2, 1), DynamicTree(4, 2, 2)])
+def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode(tree: TreeShape) -> None:
+    """The draft model's drafter keeps the default propose_tree (one branch of up to the
+    tree's node count): still plain decoding's tokens, with preemption."""
     target, prompts = learned.target(), learned.prompts(4, seed=11)
     plain, _ = _greedy(_engine(target, None, None), prompts)
-    drafter = EagleDrafter(learned.trained("eagle"), num_blocks=8192, block_size=4) if kind == "eagle" \
-        else DraftModelDrafter(tiny_model(seed=4, vocab=learned.VOCAB, scale=0.5), num_blocks=256, block_size=4)
-    engine = _engine(target, drafter, (2, 1), num_blocks=40)
+    drafter = DraftModelDrafter(tiny_model(seed=4, vocab=learned.VOCAB, scale=0.5), num_blocks=256, block_size=4)
+    engine = _engine(target, drafter, tree, num_blocks=40)
     batched, done = _greedy(engine, prompts)
     assert batched == plain
     assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
@@ -136,15 +160,14 @@ def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind,tree,num_blocks", [("medusa", (3, 2, 1), 40), ("medusa", (3, 2, 1), 8192),
-                                                  ("eagle", (2, 1), 40)])
+                                                  ("eagle", (2, 1), 40), ("eagle", DynamicTree(6, 3, 2), 40)])
 def test_tree_steps_hand_drafters_the_targets_own_hidden_states(kind: str, tree, num_blocks: int) -> None:
     """Every feature a drafter reads after tree steps (accepted paths moved, other nodes
     dropped), with CFG companions and preemption (40 blocks), is the target's hidden state of
     that position computed afresh from the request's tokens; without preemption, the feature
     Medusa needs is there at every step after the first (the accepted path's last node's)."""
     target = learned.target()
-    head = learned.trained(kind)
-    drafter = MedusaDrafter(head) if kind == "medusa" else EagleDrafter(head, num_blocks=8192, block_size=4)
+    drafter = _drafter(kind)
     tokens_of: dict[str, list[int]] = {}
     checked = []
     propose_tree, features = drafter.propose_tree, drafter.store.features
@@ -220,21 +243,24 @@ def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
     return list(first.values()), accepted
 
 
-@pytest.mark.parametrize("cfg", [False, True])
-def test_sampled_tree_output_follows_the_target(cfg: bool) -> None:
+@pytest.mark.parametrize("kind,cfg", [("medusa", False), ("medusa", True), ("eagle", False)])
+def test_sampled_tree_output_follows_the_target(kind: str, cfg: bool) -> None:
     """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG): the first three emitted
     tokens against p1(y1) p2(y2 | y1) p3(y3 | y1, y2) from the target itself, and the first
     two alone. Medusa drafts from the second step on, so y2 and y3 come from a tree: (3, 2), three
     siblings tested in turn, then their children; with CFG (2, 1), to halve the rows of the
-    two sequences. The heads are untrained and their draft vocabulary leaves tokens 6 and 7 out."""
+    two sequences. EAGLE drafts from the first step, a dynamic tree (6 nodes, 3 levels, top 2).
+    The heads are untrained and their draft vocabulary leaves tokens 6 and 7 out."""
     vocab = 8
     target = tiny_model(seed=3, vocab=vocab, scale=0.3)
-    head = new_head(HeadConfig.for_target("medusa", target.config, num_medusa_heads=3), target,
+    head = new_head(HeadConfig.for_target(kind, target.config, num_medusa_heads=3), target,
                     torch.arange(6), seed=5)
     params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, ignore_eos=True,
                             **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
     prompt = [1, 2, 3]
-    engine = _engine(target, MedusaDrafter(head), (2, 1) if cfg else (3, 2), max_seqs=1024)
+    drafter = MedusaDrafter(head) if kind == "medusa" else EagleDrafter(head, num_blocks=8192, block_size=4)
+    tree = DynamicTree(6, 3, 2) if kind == "eagle" else (2, 1) if cfg else (3, 2)
+    engine = _engine(target, drafter, tree, max_seqs=1024)
     for i in range(20_000):
         engine.add_request(prompt, dataclasses.replace(params, seed=i))
     first, accepted = _first_tokens(engine, 3)
@@ -272,11 +298,12 @@ def test_llm_and_cli_take_a_tree(tmp_path, capsys) -> None:
     assert out.token_ids == plain.generate("t1 t2 t3", params)[0].token_ids
     assert out.stats.num_draft_tokens > 0
     texts = []
-    for args in (["--draft", "none"], ["--draft", draft, "--tree", "3,2,1"], ["--tree", "2,1"]):
+    for args in (["--draft", "none"], ["--draft", draft, "--tree", "3,2,1"], ["--tree", "2,1"],
+                 ["--draft", draft, "--tree", "dynamic:8,3,2"]):
         assert main(["generate", "--model", model, "--no-chat", "--temperature", "0", "--max-tokens", "12",
                      *args, "t4 t5 t4 t5"]) == 0
         texts.append(capsys.readouterr().out)
-    assert texts[0] == texts[1] == texts[2]
+    assert texts[0] == texts[1] == texts[2] == texts[3]
     with pytest.raises(SystemExit):
         main(["generate", "--model", model, "--tree", "3,x", "t1"])
     assert "'3,x' is invalid" in capsys.readouterr().err

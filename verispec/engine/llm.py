@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..config import CacheConfig, EngineConfig, SpeculativeConfig
+from ..config import CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
 from ..model import LlamaModel, load_model
 from ..sampling_params import SamplingParams
 from ..spec.base import Drafter
@@ -90,8 +90,9 @@ class LLM:
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
     adaptive: choose each request's K per step from its acceptance (SpeculativeConfig.adaptive);
         False drafts num_speculative_tokens every step.
-    tree: tree speculation with this static shape, branching factors per depth, e.g. (3, 2, 1)
-        (SpeculativeConfig.tree); None drafts chains.
+    tree: tree speculation with this static shape, branching factors per depth, e.g. (3, 2, 1),
+        or a DynamicTree (EAGLE-2, grown by draft confidence) (SpeculativeConfig.tree); None
+        drafts chains.
     kv_cache_gib: memory for each model's paged KV cache.
     """
 
@@ -110,7 +111,7 @@ class LLM:
         progress: bool = True,
         verification: str = "token",
         adaptive: bool = True,
-        tree: tuple[int, ...] | None = None,
+        tree: TreeShape | None = None,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):

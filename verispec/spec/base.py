@@ -10,7 +10,7 @@ import torch
 
 from verispec.sampling_params import SamplingParams
 
-from .trees import TreeBatch
+from .trees import TreeBatch, TreeShape
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,10 @@ class Drafter(ABC):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""
 
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
-        """Draft trees of at most `shape` (spec/trees.py) and ``num_draft_tokens`` nodes per
-        request. This default drafts a chain with ``propose``: a tree of one branch."""
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+        """Draft trees of at most `shape` (a static shape or a DynamicTree, spec/trees.py) and
+        ``num_draft_tokens`` nodes per request. This default drafts a chain with ``propose``: a
+        tree of one branch."""
         batch = self.propose(requests)
         return TreeBatch(batch.token_ids, [list(range(-1, len(t) - 1)) for t in batch.token_ids],
                          batch.probs)

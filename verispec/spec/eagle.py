@@ -13,7 +13,13 @@ One call, for a request whose newest token x_n sits at position n:
 2. feed (f_t, x_{t+1}) for t = h .. n-1; the last row predicts f_n, whose logits give q_1;
 3. draft token i + 1 feeds (predicted f_{n+i}, x_{n+i} = draft i) at position n + i.
 Drafts are sampled from q as spec/draft_sampling.py describes (sample_from_draft_vocab),
-batched over requests, one head pass per draft position. A request without the features it needs (its drafter state
+batched over requests, one head pass per draft position.
+
+Trees (propose_tree): after step 2, each level of the tree (spec/trees.py grow_trees) is one
+head pass over the nodes to expand and their ancestors, fed as a tree at positions n, n + 1, ...
+by depth (tree attention: a node sees the confirmed positions and its own path); a node is fed
+(its parent's predicted feature, its token), and its output gives its children's logits. Each
+level overwrites the cache slots of the last, so drafting leaves only confirmed positions. A request without the features it needs (its drafter state
 was dropped mid-request, or a step drafted before its prompt's features arrived) gets no
 drafts this step: that costs speed, never exactness.
 """
@@ -24,12 +30,14 @@ from collections.abc import Sequence
 
 import torch
 
+from ..config import DynamicTree
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import draft_metadata, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import EagleHead
+from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
 
 
 class EagleDrafter(Drafter):
@@ -57,7 +65,7 @@ class EagleDrafter(Drafter):
         features: list[torch.Tensor] = []
         active: list[int] = []
         for i, request in enumerate(requests):
-            synced = self._sync(request) if request.num_draft_tokens > 0 else None
+            synced = self._sync(request, request.num_draft_tokens - 1) if request.num_draft_tokens > 0 else None
             if synced is not None:
                 feeds.append(synced[0])
                 features.append(synced[1])
@@ -91,10 +99,59 @@ class EagleDrafter(Drafter):
         flat = [q for per_request in rows for q in per_request]
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
 
-    def _sync(self, request: DraftRequest) -> tuple[Feed, torch.Tensor] | None:
+    @torch.inference_mode()
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+        """Trees grown top-k from the head (module docstring); the drafts are deterministic."""
+        tokens: list[list[int]] = [[] for _ in requests]
+        parents: list[list[int]] = [[] for _ in requests]
+        fed_rows = shape.max_fed_nodes() if isinstance(shape, DynamicTree) else None
+        feeds, features, active = [], [], []
+        for i, request in enumerate(requests):
+            budget = request.num_draft_tokens
+            synced = self._sync(request, fed_rows or budget) if budget > 0 else None
+            if synced is not None:
+                feeds.append(synced[0])
+                features.append(synced[1])
+                active.append(i)
+        if not active:
+            return TreeBatch(tokens, parents)
+        step = self.runner.inputs(feeds)
+        roots = self.head(torch.cat(features), step.input_ids, step.positions, step.attn,
+                          self.runner.kv_caches).index_select(0, step.logits_rows)  # [R, d]
+        # Per active request: the predicted feature each expanded node hands its children (-1: the root's).
+        outputs: list[dict[int, torch.Tensor]] = [{-1: roots[r]} for r in range(len(active))]
+
+        def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:  # [rows, N]
+            level_feeds, level_features, picked, base = [], [], [], 0
+            for r, chosen in enumerate(nodes):
+                if not chosen:
+                    continue
+                tree = trees[r]
+                fed = sorted({a for j in chosen for a in tree.path(j)})  # parents before children
+                index = {j: k for k, j in enumerate(fed)}
+                level_feeds.append(Feed(requests[active[r]].request_id, [tree.token_ids[j] for j in fed],
+                                        len(requests[active[r]].token_ids) - 1, 0,
+                                        [index.get(tree.parents[j], -1) for j in fed]))
+                level_features.extend(outputs[r][tree.parents[j]] for j in fed)
+                picked.extend((r, j, base + index[j]) for j in chosen)
+                base += len(fed)
+            step = self.runner.inputs(level_feeds)
+            predicted = self.head(torch.stack(level_features), step.input_ids, step.positions, step.attn,
+                                  self.runner.kv_caches)
+            for r, j, row in picked:
+                outputs[r][j] = predicted[row]
+            return self.head.logits(predicted[torch.tensor([row for _, _, row in picked], device=predicted.device)])
+
+        grown = grow_trees(shape, [requests[i].num_draft_tokens for i in active], self.head.logits(roots),
+                           self.head.draft_vocab, expand)
+        for i, tree in zip(active, grown):
+            tokens[i], parents[i] = tree.token_ids, tree.parents
+        return TreeBatch(tokens, parents)
+
+    def _sync(self, request: DraftRequest, draft_rows: int) -> tuple[Feed, torch.Tensor] | None:
         """Rolls the head's cache back to its confirmed positions and returns the feed of the
-        newly confirmed ones with their features ([rows, d]); reserves the slots of the
-        drafting rounds. None when the request cannot draft this step."""
+        newly confirmed ones with their features ([rows, d]); reserves `draft_rows` slots
+        after them for drafting. None when the request cannot draft this step."""
         rid, tokens = request.request_id, request.token_ids
         newest = len(tokens) - 1
         start, end = self.store.confirm(rid, tokens)
@@ -106,8 +163,7 @@ class EagleDrafter(Drafter):
                 return None
             self.blocks.allocate(rid, 0)
         self.blocks.truncate(rid, self.blocks.num_tokens(rid) - confirmed)
-        # Rows for the new confirmed positions, then one per drafting round after the first.
-        needed = newest - confirmed + request.num_draft_tokens - 1
+        needed = newest - confirmed + draft_rows
         if not self.blocks.can_append(rid, needed):
             self.release(rid)
             return None

@@ -10,15 +10,17 @@ verifier allows: it needs only the distribution each draft was drawn from.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
+from ..config import DynamicTree
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import draft_metadata, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import MedusaHeads
-from .trees import TreeBatch, static_tree
+from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
 
 
 class MedusaDrafter(Drafter):
@@ -48,24 +50,27 @@ class MedusaDrafter(Drafter):
         return active, torch.cat(features) if features else None
 
     @torch.inference_mode()
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
-        """Head k's b_k most likely tokens become the children of every node at depth k - 1
-        (spec/trees.py), as in Medusa's static trees; the drafts are deterministic."""
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+        """Trees grown top-k from the heads (spec/trees.py): every node at depth k draws its
+        children from head k + 1, as in Medusa's static trees (a dynamic tree ranks them by the
+        heads' confidence); no deeper than there are heads; the drafts are deterministic."""
         tokens: list[list[int]] = [[] for _ in requests]
         parents: list[list[int]] = [[] for _ in requests]
         active, features = self._features(requests)
         if features is None:
             return TreeBatch(tokens, parents)
-        shape = shape[: len(self.heads.blocks)]
+        depth = len(self.heads.blocks)
+        shape = dataclasses.replace(shape, depth=min(shape.depth, depth)) \
+            if isinstance(shape, DynamicTree) else shape[:depth]
         logits = self.heads(self.heads.normalize(features))  # [K, R, N]
-        # [R, b_k] target token ids, most likely first, per depth
-        top = [self.heads.draft_vocab[logits[k].topk(min(b, logits.shape[-1]), dim=-1).indices].tolist()
-               for k, b in enumerate(shape)]
-        shape = tuple(len(t[0]) for t in top)
-        for r, i in enumerate(active):
-            for node in static_tree(shape, requests[i].num_draft_tokens):
-                tokens[i].append(top[node.depth - 1][r][node.rank])
-                parents[i].append(node.parent)
+
+        def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:  # [rows, N]
+            return torch.stack([logits[trees[r].depths[j], r] for r, chosen in enumerate(nodes) for j in chosen])
+
+        grown = grow_trees(shape, [requests[i].num_draft_tokens for i in active], logits[0],
+                           self.heads.draft_vocab, expand)
+        for i, tree in zip(active, grown):
+            tokens[i], parents[i] = tree.token_ids, tree.parents
         return TreeBatch(tokens, parents)
 
     @torch.inference_mode()

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from verispec.spec.base import DraftBatch, Drafter, DraftRequest
-from verispec.spec.trees import TreeBatch
+from verispec.spec.trees import TreeBatch, TreeShape, branching
 
 
 class _TokenBuffer:
@@ -173,10 +173,11 @@ class NgramDrafter(Drafter):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         return DraftBatch(token_ids=[self._propose_one(r) for r in requests], probs=None)
 
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: tuple[int, ...]) -> TreeBatch:
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
         """Tries of continuations (module docstring), of at most each request's
-        ``num_draft_tokens`` nodes (num_speculative_tokens does not cap trees)."""
-        trees = [propose_ngram_tree(self._tokens(r), self.min_n, self.max_n, shape, r.num_draft_tokens)
+        ``num_draft_tokens`` nodes (num_speculative_tokens does not cap trees); a dynamic tree
+        bounds them by its depth and top_k."""
+        trees = [propose_ngram_tree(self._tokens(r), self.min_n, self.max_n, branching(shape), r.num_draft_tokens)
                  for r in requests]
         return TreeBatch([t for t, _ in trees], [p for _, p in trees])
 

@@ -1,20 +1,33 @@
-"""Draft trees: the batch a drafter hands over (TreeBatch), and static tree shapes.
+"""Draft trees: the batch a drafter hands over (TreeBatch), tree shapes, and growing trees
+top-k from a drafter's distributions (grow_trees).
 
-Static shapes say which node hangs where, for drafters that expand a tree top-k.
+Terms: the *root* is the request's newest token (never a node); a node's *depth* is 1 for the
+root's children; a drafter *expands* a node by computing the draft distribution of its
+children's tokens (for EAGLE a head pass over the node's path, for Medusa the next head).
 
-A shape (b_1, ..., b_D) gives every node at depth d - 1 (the root at depth 0) b_d children.
-Nodes are listed breadth first, parents before children, each with its depth and its rank
-among its siblings (0 for the most likely child): drafters fill node (d, r) with their r-th
-most likely token at depth d. A node budget keeps the first nodes in that order, so a
-truncated tree is still a tree and keeps the most likely candidates.
+A static shape (b_1, ..., b_D) gives every node at depth d - 1 b_d children: the b_d most
+likely tokens of its distribution. Nodes are listed breadth first, parents before children,
+each with its depth and its rank among its siblings (0 for the most likely child). A node
+budget keeps the first nodes in that order, so a truncated tree is still a tree and keeps the
+most likely candidates.
+
+A DynamicTree grows by draft confidence, as EAGLE-2 does: a node's *score* is the sum of the
+draft log-probabilities along its path; at each depth the top_k best-scored nodes are expanded
+with their top_k children each, up to `depth`, and the `nodes` best-scored nodes of all those
+drawn are kept (a child never outscores its parent, so they form a tree).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+
+from ..config import DynamicTree, TreeShape
+
+
 
 
 @dataclass
@@ -50,6 +63,12 @@ class TreeBatch:
                              f"[{total}, vocab_size], one row per node")
 
 
+def branching(shape: TreeShape) -> tuple[int, ...]:
+    """The most children a node may have at each depth: a dynamic tree's bound, for drafters
+    that fill a static shape (n-gram tries)."""
+    return (shape.top_k,) * shape.depth if isinstance(shape, DynamicTree) else shape
+
+
 class TreeNode(NamedTuple):
     parent: int  # index of the parent node, -1 for the root
     depth: int  # 1 for the root's children
@@ -70,3 +89,96 @@ def static_tree(shape: tuple[int, ...], budget: int) -> list[TreeNode]:
                 nodes.append(TreeNode(parent, depth, rank))
         level = next_level
     return nodes
+
+
+@dataclass
+class GrownTree:
+    """One request's tree as grow_trees builds it: nodes in creation order (parents first)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, score: float) -> None:
+        self.token_ids.append(token)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.scores.append(score)
+
+    def path(self, node: int) -> list[int]:
+        """The node's ancestors and itself, root side first."""
+        nodes = []
+        while node >= 0:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
+    def best(self, budget: int) -> GrownTree:
+        """The `budget` best-scored nodes (ties: shallower, then older), reindexed in creation
+        order; every kept node's parent is kept too."""
+        order = sorted(range(len(self.token_ids)), key=lambda j: (-self.scores[j], self.depths[j], j))
+        kept = sorted(order[:budget])
+        index = {j: i for i, j in enumerate(kept)}
+        tree = GrownTree()
+        for j in kept:
+            tree.add(self.token_ids[j], index[self.parents[j]] if self.parents[j] >= 0 else -1,
+                     self.scores[j])
+        return tree
+
+
+Expand = Callable[[list[GrownTree], list[list[int]]], torch.Tensor]
+
+
+def grow_trees(
+    shape: TreeShape,
+    budgets: Sequence[int],  # node budget per request (>= 1)
+    root_logits: torch.Tensor,  # [R, N] draft logits of the root's children, one row per request
+    vocab: torch.Tensor,  # [N] int64, the target token id of each column
+    expand: Expand,
+) -> list[GrownTree]:
+    """Grows one tree per request (module docstring). `expand(trees, nodes)` returns the draft
+    logits of the children of nodes[r] of trees[r] ([sum(len(n) for n in nodes), N], rows in
+    that order); it is called once per level, for all requests together."""
+    trees = [GrownTree() for _ in budgets]
+    if isinstance(shape, DynamicTree):
+        plans = None
+        width, levels = shape.top_k, shape.depth
+    else:
+        plans = [static_tree(shape, budget) for budget in budgets]
+        width, levels = max(shape), len(shape)
+    logprobs = root_logits.float().log_softmax(-1)
+    parents_of_rows: list[tuple[int, int]] = [(r, -1) for r in range(len(trees))]
+    for depth in range(1, levels + 1):
+        top = logprobs.topk(min(width, logprobs.shape[-1]), dim=-1)
+        tokens, values = vocab[top.indices].tolist(), top.values.tolist()
+        for row, (r, parent) in enumerate(parents_of_rows):
+            base = 0.0 if parent < 0 else trees[r].scores[parent]
+            if plans is None:
+                ranks = range(len(tokens[row]))
+            else:
+                # Grown nodes follow the plan's breadth-first order: plan index = grown index.
+                ranks = [n.rank for n in plans[r] if n.depth == depth and n.parent == parent]
+            for rank in ranks:
+                trees[r].add(tokens[row][rank], parent, base + values[row][rank])
+        if depth == levels:
+            break
+        nodes = [_to_expand(tree, depth, plan, width) for tree, plan in
+                 zip(trees, plans if plans is not None else [None] * len(trees))]
+        parents_of_rows = [(r, j) for r, chosen in enumerate(nodes) for j in chosen]
+        if not parents_of_rows:
+            break
+        logprobs = expand(trees, nodes).float().log_softmax(-1)
+    if plans is None:
+        return [tree.best(budget) for tree, budget in zip(trees, budgets)]
+    return trees
+
+
+def _to_expand(tree: GrownTree, depth: int, plan: list[TreeNode] | None, width: int) -> list[int]:
+    """The nodes at `depth` to expand next: those with children in a static plan, or the
+    `width` best-scored (dynamic)."""
+    level = [j for j, d in enumerate(tree.depths) if d == depth]
+    if plan is not None:
+        with_children = {n.parent for n in plan if n.depth == depth + 1}
+        return [j for j in level if j in with_children]
+    return sorted(sorted(level, key=lambda j: (-tree.scores[j], j))[:width])

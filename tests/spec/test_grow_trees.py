@@ -1,0 +1,117 @@
+"""grow_trees (spec/trees.py): static shapes filled rank by rank, EAGLE-2 dynamic trees kept by
+path score, and the command-line form of trees."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verispec.config import DynamicTree, SpeculativeConfig, parse_tree
+from verispec.spec.trees import GrownTree, branching, grow_trees, static_tree
+
+VOCAB = torch.tensor([10, 11, 12, 13])  # draft column -> target token id
+
+
+def _probs_logits(rows: list[list[float]]) -> torch.Tensor:  # [R, 4]
+    return torch.tensor(rows).log()
+
+
+def _by_token(table: dict[int, list[float]]):
+    """An expand whose children's distribution depends on the expanded node's token only,
+    recording which (depth, token) nodes it was asked for."""
+    calls: list[list[tuple[int, int]]] = []
+
+    def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:
+        calls.append([(trees[r].depths[j], trees[r].token_ids[j]) for r, chosen in enumerate(nodes) for j in chosen])
+        return _probs_logits([table[trees[r].token_ids[j]] for r, chosen in enumerate(nodes) for j in chosen])
+
+    return expand, calls
+
+
+TABLE = {10: [0.1, 0.2, 0.3, 0.4], 11: [0.6, 0.2, 0.15, 0.05], 12: [0.25, 0.25, 0.4, 0.1], 13: [0.4, 0.3, 0.2, 0.1]}
+
+
+def test_a_static_shape_takes_each_parents_ranked_tokens_breadth_first() -> None:
+    expand, calls = _by_token(TABLE)
+    root = _probs_logits([[0.5, 0.3, 0.15, 0.05], [0.1, 0.1, 0.2, 0.6]])
+    first, second = grow_trees((2, 2, 1), [10, 4], root, VOCAB, expand)
+    plan = static_tree((2, 2, 1), 10)
+    assert first.parents == [n.parent for n in plan] and first.depths == [n.depth for n in plan]
+    # Root: 10 then 11. Children of 10: 13, 12; of 11: 10, 11.
+    # Depth 3: the best child of each: of 13 -> 10, of 12 -> 12, of 10 -> 13, of 11 -> 10.
+    assert first.token_ids == [10, 11, 13, 12, 10, 11, 10, 12, 13, 10]
+    assert second.token_ids == [13, 12, 10, 11] and second.parents == [-1, -1, 0, 0]
+    # Each level is one call for both requests; depth-2 nodes of the second request are not
+    # expanded (its budget has no depth-3 nodes).
+    assert calls == [[(1, 10), (1, 11), (1, 13)], [(2, 13), (2, 12), (2, 10), (2, 11)]]
+    assert first.scores[2] == pytest.approx(math.log(0.5 * 0.4))
+
+
+def test_a_dynamic_tree_keeps_the_best_paths() -> None:
+    expand, calls = _by_token(TABLE)
+    root = _probs_logits([[0.5, 0.3, 0.15, 0.05]])
+    (tree,) = grow_trees(DynamicTree(nodes=4, depth=3, top_k=2), [4], root, VOCAB, expand)
+    # Drawn: 10 (.5), 11 (.3); children of 10: 13 (.2), 12 (.15); of 11: 10 (.18), 11 (.06);
+    # depth 3 expands the best two of depth 2, 13 under 10 (.2) and 10 under 11 (.18):
+    # 10 (.08), 11 (.06) and 13 (.072), 12 (.054). The best four: .5, .3, .2, .18.
+    assert calls[1] == [(2, 13), (2, 10)]
+    assert tree.token_ids == [10, 11, 13, 10]
+    assert tree.parents == [-1, -1, 0, 1]
+    assert tree.scores == pytest.approx([math.log(p) for p in (0.5, 0.3, 0.2, 0.18)])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dynamic_trees_are_trees_of_the_best_scores_within_budget(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(64, 4, generator=generator) * 3
+
+    def expand(trees, nodes):
+        return torch.stack([logits[(trees[r].token_ids[j] * 7 + trees[r].depths[j] * 3 + r) % 64]
+                            for r, chosen in enumerate(nodes) for j in chosen])
+
+    shape = DynamicTree(nodes=int(torch.randint(1, 12, (), generator=generator)), depth=4, top_k=3)
+    budgets = [shape.nodes, max(1, shape.nodes // 2), 64]
+    trees = grow_trees(shape, budgets, torch.randn(3, 4, generator=generator), VOCAB, expand)
+    for tree, budget in zip(trees, budgets):
+        assert 1 <= len(tree.token_ids) <= budget
+        for j, parent in enumerate(tree.parents):
+            assert -1 <= parent < j
+            if parent >= 0:
+                assert tree.scores[j] <= tree.scores[parent] + 1e-6
+                assert tree.depths[j] == tree.depths[parent] + 1
+        # Siblings are distinct tokens: a path is never drafted twice.
+        siblings = [(p, t) for p, t in zip(tree.parents, tree.token_ids)]
+        assert len(set(siblings)) == len(siblings)
+    assert max(trees[2].depths) <= shape.depth
+
+
+def test_branching_bounds_a_dynamic_tree_for_static_fillers() -> None:
+    assert branching((3, 2)) == (3, 2)
+    assert branching(DynamicTree(nodes=8, depth=3, top_k=2)) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("3,2,1", (3, 2, 1)), ("4", (4,)), ("dynamic", DynamicTree()), ("dynamic:12", DynamicTree(12)),
+    ("dynamic:12,4", DynamicTree(12, 4)), ("dynamic:12,4,3", DynamicTree(12, 4, 3)),
+])
+def test_trees_parse_from_their_command_line_form(text: str, expected) -> None:
+    assert parse_tree(text) == expected
+
+
+@pytest.mark.parametrize("text,match", [
+    ("3,x", "tree '3,x' is invalid"), ("3,0", "tree '3,0' is invalid"), ("", "tree '' is invalid"),
+    ("dynamic:x", "tree 'dynamic:x'"), ("dynamic:1,2,3,4", "tree 'dynamic:1,2,3,4'"),
+    ("dynamic:100", "DynamicTree nodes=100 is invalid"), ("dynamic:8,0", "DynamicTree depth=0"),
+])
+def test_bad_tree_texts_are_named(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_tree(text)
+
+
+def test_a_dynamic_tree_counts_its_node_budget() -> None:
+    spec = SpeculativeConfig(method="eagle", tree=DynamicTree(nodes=10, depth=3, top_k=2))
+    assert spec.num_draft_tokens == 10
+    with pytest.raises(ValueError, match="top_k=True"):
+        DynamicTree(top_k=True)
