@@ -1,12 +1,14 @@
 """Chain vs tree speculation with a learned drafter (EAGLE by default) on the embedded model.
 
 On the evaluation prompts (bench/prompts/spec_bench.jsonl), chat-rendered, fp32, batch 1, in
-one process on the same weights: for chains of K drafts and for trees (SpeculativeConfig.tree:
+one process on the same weights: for chains of K drafts (verified token by token, and as a
+block: SpeculativeConfig.verification="block") and for trees (SpeculativeConfig.tree:
 static shapes and EAGLE-2 dynamic trees, top-k expansion), greedy and temperature 0.7
 (seeded), the mean tokens emitted per verify step (accepted drafts + 1), the verify rows per
 step (drafts + 1, the target's cost per step; both over steps with drafts, as vLLM counts
 acceptance) and output tokens per second. Rows are printed by planned verify rows; a tree's
-"x chain" is its acceptance length over that of the chain with as many rows (when one ran).
+or block's "x chain" is its acceptance length over that of the token-verified chain with as
+many rows (when one ran).
 Greedy rows also say whether the tokens equal those of decoding without drafts (they must).
 
     python bench/trees.py                                   # 2 prompts per category, EAGLE
@@ -32,8 +34,11 @@ def engines(draft: str, chains: list[int], trees: list[str]) -> tuple[dict[str, 
     drafts the whole chain or tree."""
     llms, planned = {"none": LLM(draft="none", progress=False)}, {"none": 1}
     for k in chains:
-        llms[f"chain {k}"] = LLM(draft=draft, num_speculative_tokens=k, adaptive=False, progress=False)
-        planned[f"chain {k}"] = 1 + k
+        for verification in ("token", "block"):
+            name = f"{'chain' if verification == 'token' else 'block'} {k}"
+            llms[name] = LLM(draft=draft, num_speculative_tokens=k, adaptive=False, verification=verification,
+                             progress=False)
+            planned[name] = 1 + k
     for text in trees:
         tree = parse_tree(text)
         llms[f"tree {text}"] = LLM(draft=draft, tree=tree, progress=False)
@@ -47,8 +52,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--draft", default="eagle", help="'eagle' or 'medusa' (the shipped heads), or a head file")
     parser.add_argument("--chains", type=int, nargs="+", default=[3, 4, 7], metavar="K")
-    parser.add_argument("--trees", nargs="+", default=["3", "2,1", "4", "3,1", "4,2", "2,2,1", "dynamic:4,4,2",
-                                                       "dynamic:7,4,3"],
+    parser.add_argument("--trees", nargs="+", default=["3", "2,1", "4", "dynamic:4,4,2", "dynamic:7,4,3"],
                         metavar="B1,B2,...|dynamic:N,D,K")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=Path("bench/results/trees.json"))
@@ -69,7 +73,7 @@ def main() -> None:
             r = results[name]
             ratio = r["tok_s"] / results["none"]["tok_s"]
             same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" else None
-            chain = chain_at.get(planned[name]) if name.startswith("tree") else None
+            chain = chain_at.get(planned[name]) if not name.startswith(("chain", "none")) else None
             vs_chain = r["mean_acceptance_length"] / results[chain]["mean_acceptance_length"] if chain else None
             print(f"{mode:>7} {name:>18} {planned[name]:5d} {r['rows_per_step']:9.2f} "
                   f"{r['mean_acceptance_length']:10.2f} {'' if vs_chain is None else f'{vs_chain:.2f}':>7} "
