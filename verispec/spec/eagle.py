@@ -26,7 +26,7 @@ drafts this step: that costs speed, never exactness.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -61,15 +61,7 @@ class EagleDrafter(Drafter):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
-        feeds: list[Feed] = []
-        features: list[torch.Tensor] = []
-        active: list[int] = []
-        for i, request in enumerate(requests):
-            synced = self._sync(request, request.num_draft_tokens - 1) if request.num_draft_tokens > 0 else None
-            if synced is not None:
-                feeds.append(synced[0])
-                features.append(synced[1])
-                active.append(i)
+        feeds, features, active = self._start(requests, lambda r: r.num_draft_tokens - 1)
         if not active:
             return DraftBatch(drafts)
         sampling = draft_metadata(requests, self.runner.device)
@@ -104,15 +96,9 @@ class EagleDrafter(Drafter):
         """Trees grown top-k from the head (module docstring); the drafts are deterministic."""
         tokens: list[list[int]] = [[] for _ in requests]
         parents: list[list[int]] = [[] for _ in requests]
+        # The most nodes a level feeds: a static tree's whole budget at most.
         fed_rows = shape.max_fed_nodes() if isinstance(shape, DynamicTree) else None
-        feeds, features, active = [], [], []
-        for i, request in enumerate(requests):
-            budget = request.num_draft_tokens
-            synced = self._sync(request, fed_rows or budget) if budget > 0 else None
-            if synced is not None:
-                feeds.append(synced[0])
-                features.append(synced[1])
-                active.append(i)
+        feeds, features, active = self._start(requests, lambda r: fed_rows or r.num_draft_tokens)
         if not active:
             return TreeBatch(tokens, parents)
         step = self.runner.inputs(feeds)
@@ -147,6 +133,20 @@ class EagleDrafter(Drafter):
         for i, tree in zip(active, grown):
             tokens[i], parents[i] = tree.token_ids, tree.parents
         return TreeBatch(tokens, parents)
+
+    def _start(self, requests: Sequence[DraftRequest], draft_rows: Callable[[DraftRequest], int],
+               ) -> tuple[list[Feed], list[torch.Tensor], list[int]]:
+        """The first head pass's feeds and their features ([rows, d] each), for the requests
+        that draft this step (their indices); `draft_rows` of a request: the slots its
+        drafting needs after the confirmed positions."""
+        feeds, features, active = [], [], []
+        for i, request in enumerate(requests):
+            synced = self._sync(request, draft_rows(request)) if request.num_draft_tokens > 0 else None
+            if synced is not None:
+                feeds.append(synced[0])
+                features.append(synced[1])
+                active.append(i)
+        return feeds, features, active
 
     def _sync(self, request: DraftRequest, draft_rows: int) -> tuple[Feed, torch.Tensor] | None:
         """Rolls the head's cache back to its confirmed positions and returns the feed of the
