@@ -29,19 +29,23 @@ from verispec.config import parse_tree, tree_size
 from verispec.engine.llm import LLM
 
 
+KV_GIB = 0.25
+
+
 def engines(draft: str, chains: list[int], trees: list[str]) -> tuple[dict[str, LLM], dict[str, int]]:
     """By label, with the verify rows each plans per step; adaptive K off, so that every step
-    drafts the whole chain or tree."""
-    llms, planned = {"none": LLM(draft="none", progress=False)}, {"none": 1}
+    drafts the whole chain or tree. Small KV caches (batch 1 needs a few thousand slots) keep a
+    dozen engines in memory."""
+    llms, planned = {"none": LLM(draft="none", kv_cache_gib=KV_GIB, progress=False)}, {"none": 1}
     for k in chains:
         for verification in ("token", "block"):
             name = f"{'chain' if verification == 'token' else 'block'} {k}"
             llms[name] = LLM(draft=draft, num_speculative_tokens=k, adaptive=False, verification=verification,
-                             progress=False)
+                             kv_cache_gib=KV_GIB, progress=False)
             planned[name] = 1 + k
     for text in trees:
         tree = parse_tree(text)
-        llms[f"tree {text}"] = LLM(draft=draft, tree=tree, progress=False)
+        llms[f"tree {text}"] = LLM(draft=draft, tree=tree, kv_cache_gib=KV_GIB, progress=False)
         planned[f"tree {text}"] = 1 + tree_size(tree)
     return llms, planned
 
