@@ -7,11 +7,14 @@ same weights:
   verify step (accepted drafts + 1) and output tokens per second over the whole set, with the
   ratio to no speculation; per category too (JSON);
 - batch 16 (every prompt at once, in batches of 16), greedy: aggregate output tok/s, with the
-  engine's adaptive K, whose job is never to make speculation slower than none.
-Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K.
+  engine's adaptive K, whose job is never to make speculation slower than none;
+- with --adaptive-batch1, batch 1 greedy with the adaptive K too.
+Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K. Engines
+take turns prompt by prompt (batch by batch), so drift in the machine's speed hits all alike.
 
     python bench/drafters.py                        # 2 prompts per category, K = 4
     python bench/drafters.py --per-category 10 --max-tokens 128
+    python bench/drafters.py --threads 1 --adaptive-batch1
 """
 
 from __future__ import annotations
@@ -84,19 +87,25 @@ def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Samp
     return results
 
 
-def run_batch(llm: LLM, prompts: list[dict[str, str]], params: SamplingParams, batch: int) -> dict:
-    tokens, seconds = 0, 0.0
-    stats = SpecDecodeStats()
+def run_batches(llms: dict[str, LLM], prompts: list[dict[str, str]], params: SamplingParams,
+                batch: int) -> dict[str, dict]:
+    """The prompts in batches of `batch`, every engine in turn on each batch."""
+    tokens = dict.fromkeys(llms, 0)
+    seconds = dict.fromkeys(llms, 0.0)
+    stats = {name: SpecDecodeStats() for name in llms}
     for start_index in range(0, len(prompts), batch):
-        ids = [chat_ids(llm, row["prompt"]) for row in prompts[start_index : start_index + batch]]
-        start = time.perf_counter()
-        outs = llm.generate(ids, params, use_tqdm=False)
-        seconds += time.perf_counter() - start
-        tokens += sum(len(o.token_ids) for o in outs)
-        for o in outs:
-            stats.merge(o.stats)
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-            "mean_acceptance_length": stats.mean_acceptance_length}
+        for name, llm in llms.items():
+            ids = [chat_ids(llm, row["prompt"]) for row in prompts[start_index : start_index + batch]]
+            start = time.perf_counter()
+            outs = llm.generate(ids, params, use_tqdm=False)
+            seconds[name] += time.perf_counter() - start
+            tokens[name] += sum(len(o.token_ids) for o in outs)
+            for o in outs:
+                stats[name].merge(o.stats)
+    return {name: {"tokens": tokens[name], "seconds": seconds[name], "tok_s": tokens[name] / seconds[name],
+                   "mean_acceptance_length": stats[name].mean_acceptance_length,
+                   "rows_per_step": 1 + stats[name].num_draft_tokens / max(1, stats[name].num_drafts)}
+            for name in llms}
 
 
 def main() -> None:
@@ -106,32 +115,38 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--adaptive-batch1", action="store_true", help="also batch 1 greedy with the adaptive K")
+    parser.add_argument("--adaptive-only", action="store_true", help="skip the fixed-K batch-1 rows")
     parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompts = load(args.per_category)
     rows = []
-    fixed = engines(args.k, adaptive=False)
     print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, K = {args.k}, "
           f"{args.threads} threads")
-    print(f"{'batch':>5} {'mode':>7} {'drafter':>7} {'tok/s':>7} {'x none':>6} {'accept len':>10}")
-    for mode, params in (("greedy", SamplingParams(temperature=0, max_tokens=args.max_tokens)),
-                         ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
-        results = run_batch1(fixed, prompts, params)
+    print(f"{'batch':>5} {'mode':>7} {'K':>8} {'drafter':>7} {'tok/s':>7} {'x none':>6} {'accept len':>10} "
+          f"{'rows/step':>9}")
+
+    def report(batch: int, mode: str, k: str, results: dict[str, dict]) -> None:
         for name, r in results.items():
             ratio = r["tok_s"] / results["none"]["tok_s"]
-            same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" else None
-            print(f"{1:>5} {mode:>7} {name:>7} {r['tok_s']:7.1f} {ratio:6.2f} {r['mean_acceptance_length']:10.2f}"
+            same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" and "outputs" in r else None
+            print(f"{batch:>5} {mode:>7} {k:>8} {name:>7} {r['tok_s']:7.1f} {ratio:6.2f} "
+                  f"{r['mean_acceptance_length']:10.2f} {r['rows_per_step']:9.2f}"
                   + ("" if same is None else f"   same tokens as none: {same}"))
-            rows.append({"batch": 1, "mode": mode, "drafter": name, "speedup_vs_none": ratio,
-                         "same_as_none": same, **{k: v for k, v in r.items() if k != "outputs"}})
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    del fixed
-    results = {name: run_batch(llm, prompts, params, args.batch) for name, llm in engines(args.k, adaptive=True).items()}
-    for name, r in results.items():
-        ratio = r["tok_s"] / results["none"]["tok_s"]
-        print(f"{args.batch:>5} {'greedy':>7} {name:>7} {r['tok_s']:7.1f} {ratio:6.2f} {r['mean_acceptance_length']:10.2f}")
-        rows.append({"batch": args.batch, "mode": "greedy", "drafter": name, "speedup_vs_none": ratio, **r})
+            rows.append({"batch": batch, "mode": mode, "k": k, "drafter": name, "speedup_vs_none": ratio,
+                         "same_as_none": same, **{key: v for key, v in r.items() if key != "outputs"}})
+
+    greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    if not args.adaptive_only:
+        fixed = engines(args.k, adaptive=False)
+        for mode, params in (("greedy", greedy), ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
+            report(1, mode, str(args.k), run_batch1(fixed, prompts, params))
+        del fixed
+    adaptive = engines(args.k, adaptive=True)
+    if args.adaptive_batch1:
+        report(1, "greedy", "adaptive", run_batch1(adaptive, prompts, greedy))
+    report(args.batch, "greedy", "adaptive", run_batches(adaptive, prompts, greedy, args.batch))
     write_json(args.json, torch.device("cpu"), rows, k=args.k, max_tokens=args.max_tokens,
                prompts=len(prompts))
 

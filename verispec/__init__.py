@@ -1,6 +1,6 @@
 """verispec: exact speculative decoding with classifier-free guidance."""
 
-from .config import CacheConfig, DynamicTree, EngineConfig, SpeculativeConfig
+from .config import CacheConfig, DraftCost, DynamicTree, EngineConfig, SpeculativeConfig
 from .sampling_params import SamplingParams
 from .sample import DraftLogits, DraftProbs, SamplingMetadata, rejection_sample
 
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheConfig",
+    "DraftCost",
     "DynamicTree",
     "EngineConfig",
     "SpeculativeConfig",

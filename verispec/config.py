@@ -82,6 +82,38 @@ class CacheConfig:
         _positive_int("num_blocks", self.num_blocks)
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """What one drafting call costs, in units of the target step's fixed cost a (the cost of a
+    target pass with no rows, spec/adaptive.py): for `num_requests` drafting requests, the
+    deepest getting `depth` drafts,
+
+        per_call + per_request * num_requests + depth * (per_position + per_row * num_requests),
+
+    and nothing when nobody drafts. per_position prices a drafter that runs one pass per draft
+    position (the pass's fixed cost), per_row what each request adds to such a pass. The numbers
+    are declared, never timed at run time: K decides which random numbers a seeded request
+    consumes, so it must not depend on how fast this machine happened to be.
+    """
+
+    per_call: float = 0.0
+    per_request: float = 0.0
+    per_position: float = 0.0
+    per_row: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("per_call", "per_request", "per_position", "per_row"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool)
+                     and 0 <= value < float("inf"), name, value, "a finite number >= 0")
+
+    def __call__(self, depth: int, num_requests: int) -> float:
+        if depth <= 0 or num_requests <= 0:
+            return 0.0
+        return (self.per_call + self.per_request * num_requests
+                + depth * (self.per_position + self.per_row * num_requests))
+
+
 METHODS = ("ngram", "draft_model", "eagle", "medusa", "none")
 
 
@@ -99,8 +131,9 @@ class SpeculativeConfig:
         drafts together against the step's cost (spec/adaptive.py), never above
         num_speculative_tokens; off: always num_speculative_tokens.
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
-        pass's fixed cost (about 0.1 for the default model on CPU; a draft model's own cost per
-        token adds to it).
+        pass's fixed cost (about 0.1 for the default model on CPU).
+    draft_cost: for `adaptive`, what drafting costs relative to the same fixed cost (a
+        DraftCost); None takes the drafter's own declaration (Drafter.draft_cost).
     verification: how drafts are verified, both exact: "token" (accept draft by draft, stop at
         the first rejection) or "block" (Sun et al. 2024: judge the drafts as a block; never
         fewer accepted drafts in expectation; verispec/sample/block.py).
@@ -119,6 +152,7 @@ class SpeculativeConfig:
     ngram_max: int = 3
     adaptive: bool = True
     row_cost: float = 0.1
+    draft_cost: DraftCost | None = None
     verification: str = "token"
     tree: TreeShape | None = None
 
@@ -137,6 +171,9 @@ class SpeculativeConfig:
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
         _require(isinstance(self.row_cost, (int, float)) and self.row_cost > 0,
                  "row_cost", self.row_cost, "a number > 0")
+        if self.draft_cost is not None and not isinstance(self.draft_cost, DraftCost):
+            raise TypeError(f"draft_cost={self.draft_cost!r} is a {type(self.draft_cost).__name__}: "
+                            "expected a DraftCost or None")
         _require(self.verification in ("token", "block"), "verification", self.verification,
                  "'token' or 'block'")
         if self.tree is not None and not isinstance(self.tree, DynamicTree):

@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
+from verispec.config import DraftCost
 from verispec.spec.adaptive import AdaptiveK, DraftClaim
 from verispec.spec.metrics import expected_emitted_tokens
 
 
+DRAFT_COSTS = [DraftCost(), DraftCost(per_call=0.05, per_request=0.01), DraftCost(per_position=0.1, per_row=0.01)]
+
+
+@pytest.mark.parametrize("draft_cost", DRAFT_COSTS)
 @pytest.mark.parametrize("batch", [1, 16])
-def test_k_maximises_tokens_per_cost(batch: int) -> None:
-    ctl = AdaptiveK(max_k=8, row_cost=0.1)
+def test_k_maximises_tokens_per_cost(batch: int, draft_cost: DraftCost) -> None:
+    ctl = AdaptiveK(max_k=8, row_cost=0.1, draft_cost=draft_cost)
     cost = batch * 0.1 / (1 + batch * 0.1)
+    ks = set()
     for alpha in (0.0, 0.3, 0.6, 0.9, 1.0):
         best = ctl.table(batch)[round(alpha * 100)]
-        rate = lambda k: expected_emitted_tokens(alpha, k) / (1 + cost * k)  # noqa: E731
+        ks.add(best)
+        rate = lambda k: expected_emitted_tokens(alpha, k) / (  # noqa: E731
+            1 + cost * k + draft_cost(k, batch) / (1 + batch * 0.1))
         assert all(rate(best) >= rate(k) - 1e-12 for k in range(9))
-    assert ctl.table(batch)[0] == 0 and ctl.table(batch)[100] == 8
+    assert ctl.table(batch)[0] == 0 and ctl.table(batch)[100] == 8 and len(ks) > 2
+
+
+def test_a_drafter_costlier_than_its_drafts_gets_no_drafts() -> None:
+    free = AdaptiveK(max_k=4, row_cost=0.1)
+    costly = AdaptiveK(max_k=4, row_cost=0.1, draft_cost=DraftCost(per_position=0.6))
+    for ctl in (free, costly):
+        _confident(ctl, "a", 1, 2)
+    assert 0.45 < free.alpha("a") < 0.55
+    assert free.num_draft_tokens("a") >= 2
+    assert costly.num_draft_tokens("a") == 0
+    # A declared cost of 0 is the free drafter's table.
+    assert AdaptiveK(max_k=4, draft_cost=DraftCost()).table(16) == free.table(16)
 
 
 def test_bigger_batches_speculate_less() -> None:
@@ -88,20 +110,47 @@ def test_allot_keeps_fixed_claims_and_gives_confident_requests_more() -> None:
     assert ctl.allot(claims[:1], base_rows=1, base_tokens=1, padded_rows=lambda rows: rows) == [4]
 
 
-def test_allot_maximises_expected_tokens_per_cost() -> None:
-    ctl = AdaptiveK(max_k=3, row_cost=0.2)
-    alphas = {"a": (9, 10), "b": (6, 10), "c": (2, 10)}
+@pytest.mark.parametrize("draft_cost", DRAFT_COSTS + [DraftCost(per_position=0.25), DraftCost(per_call=0.6)])
+@pytest.mark.parametrize("padded", [_padded, lambda rows: rows])
+def test_allot_maximises_expected_tokens_per_cost(padded, draft_cost: DraftCost) -> None:
+    """Against every allotment, each priced with its rows, its deepest draft and how many
+    requests draft."""
+    ctl = AdaptiveK(max_k=3, row_cost=0.2, draft_cost=draft_cost)
+    alphas = {"a": (19, 20), "b": (6, 10), "c": (6, 10), "d": (2, 10)}
     for rid, (acc, judged) in alphas.items():
         _confident(ctl, rid, acc, judged)
     claims = [DraftClaim(rid, 3, fixed=False) for rid in alphas]
-    allotted = ctl.allot(claims, base_rows=3, base_tokens=3, padded_rows=_padded)
+    allotted = ctl.allot(claims, base_rows=4, base_tokens=4, padded_rows=padded)
 
     def rate(ks: tuple[int, ...]) -> float:
         tokens = sum(expected_emitted_tokens(ctl.alpha(c.request_id), k) for c, k in zip(claims, ks))
-        return tokens / (1 + 0.2 * _padded(3 + sum(ks)))
+        return tokens / (1 + 0.2 * padded(4 + sum(ks)) + draft_cost(max(ks), sum(k > 0 for k in ks)))
 
-    best = max(rate((i, j, k)) for i in range(4) for j in range(4) for k in range(4))
+    best = max(rate(ks) for ks in itertools.product(range(4), repeat=len(claims)))
     assert rate(tuple(allotted)) >= best - 1e-12
+
+
+def test_allot_prices_the_depth_of_a_drafter_that_runs_a_pass_per_position() -> None:
+    """Free, the confident request drafts deepest; when each draft position costs a pass, the
+    step is better spent on everybody's first draft."""
+    for cost, expected in ((DraftCost(), [3, 2, 2]), (DraftCost(per_position=0.4), [1, 1, 1])):
+        ctl = AdaptiveK(max_k=3, row_cost=0.05, draft_cost=cost)
+        for rid, (acc, judged) in {"a": (19, 20), "b": (1, 2), "c": (1, 2)}.items():
+            _confident(ctl, rid, acc, judged)
+        claims = [DraftClaim(rid, 3, fixed=False) for rid in "abc"]
+        assert ctl.allot(claims, base_rows=3, base_tokens=3, padded_rows=lambda rows: rows) == expected
+
+
+def test_allot_charges_fixed_claims_their_drafting() -> None:
+    """A fixed claim already pays for a drafting call: others' drafts up to its depth are
+    cheaper than the call alone would make them."""
+    cost = DraftCost(per_call=1.0)
+    ctl = AdaptiveK(max_k=2, row_cost=0.05, draft_cost=cost)
+    _confident(ctl, "r", 1, 2)  # acceptance near 0.5
+    claim = DraftClaim("r", 2, fixed=False)
+    assert ctl.allot([claim], base_rows=1, base_tokens=1, padded_rows=lambda rows: rows) == [0]
+    probe = DraftClaim("probe", 2, fixed=True)
+    assert ctl.allot([claim, probe], base_rows=2, base_tokens=2, padded_rows=lambda rows: rows) == [2, 2]
 
 
 def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> None:

@@ -136,8 +136,10 @@ class LLMEngine:
         self.drafter = drafter
         spec = config.speculative
         self.tree = spec.tree if drafter is not None else None
-        self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost) \
-            if spec.adaptive and self.tree is None else None
+        self.adaptive = None
+        if drafter is not None and spec.adaptive and self.tree is None:
+            self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost,
+                                      draft_cost=spec.draft_cost or drafter.draft_cost)
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, self.blocks)

@@ -24,7 +24,7 @@ from ..config import CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
 from ..model import LlamaModel, load_model
 from ..sampling_params import SamplingParams
 from ..spec.base import Drafter
-from ..spec.draft_model import DraftModelDrafter
+from ..spec.draft_model import DraftModelDrafter, draft_model_cost
 from ..spec.eagle import EagleDrafter
 from ..spec.heads import KINDS, head_kind, load_head, shipped_head
 from ..spec.medusa import MedusaDrafter
@@ -150,7 +150,8 @@ class LLM:
                     f"draft={draft!r} has vocabulary size {draft_model.config.vocab_size}: expected "
                     f"{self.model.config.vocab_size}, the target's (draft and target must share a tokenizer)"
                 )
-            drafter = DraftModelDrafter(draft_model, kv_blocks_for(draft_model, kv_cache_gib, block_size), block_size)
+            drafter = DraftModelDrafter(draft_model, kv_blocks_for(draft_model, kv_cache_gib, block_size), block_size,
+                                        draft_model_cost(draft_model, self.model, spec.row_cost))
         elif method in KINDS:
             drafter = _learned_drafter(method, draft_path, self.model,
                                        kv_blocks_for(self.model, kv_cache_gib, block_size), block_size)

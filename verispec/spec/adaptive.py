@@ -1,11 +1,16 @@
 """Per-request K: speculate as far as it pays, from the acceptance each request has shown.
 
 Cost model: a step over R rows costs a + b·R (a fixed part: weights read, launches, Python; b
-per row). With B running requests, giving each k more rows costs (1 + c·k) times the step, where
-c = B·r / (1 + B·r) and r = b / a is `row_cost` (about 0.1 for the default model on CPU: a
-speculated token is nearly free alone, and nearly a full step at batch 16). Each draft is accepted
-with probability alpha; tokens per unit of time are E(alpha, k) / (1 + c·k), with E the expected
-emitted tokens per step (metrics.expected_emitted_tokens); K is its argmax over 0..max_k.
+per row), plus a·D(depth, n) when n requests draft, the deepest `depth` tokens: what the drafter
+declares its call costs (Drafter.draft_cost, verispec.config.DraftCost; 0 for a free drafter,
+about 0.07 for a Medusa call, 0.09 per draft position for EAGLE on the default model on CPU).
+With B running requests, giving each k more rows costs (1 + c·k + d(k)) times the step, where
+c = B·r / (1 + B·r), r = b / a is `row_cost` (about 0.1 for the default model on CPU: a
+speculated token is nearly free alone, and nearly a full step at batch 16), and
+d(k) = D(k, B) / (1 + B·r). Each draft is accepted with probability alpha; tokens per unit of
+time are E(alpha, k) / (1 + c·k + d(k)), with E the expected emitted tokens per step
+(metrics.expected_emitted_tokens); K is its argmax over 0..max_k. A drafter that costs more
+than its drafts bring gets K = 0 (and probes).
 
 alpha is estimated per request from a decaying count of accepted and rejected drafts (the first
 rejection of a step counts once; drafts after it were never judged), starting from a prior worth
@@ -15,11 +20,14 @@ interval grows by c(B) / c(1) (a probe row costs that much more of the step ther
 requests of the batch probe on the same engine step.
 
 Per step, `allot` then trims the drafts of all requests together against the real shape of the
-step's cost, a + b·rows(R) where rows(R) is what a pass over R rows costs like (the model pads
-rows on CPU: 17 rows cost what 32 do, see verispec/model/linear.py): the drafts with the largest
-expected gain (alpha^j for a request's j-th draft) are kept while they raise the expected tokens
-per unit of cost. A K chosen per request cannot see that one extra row can cost a whole padding
-step for everybody.
+step's cost, a + b·rows(R) + a·D(depth, n) where rows(R) is what a pass over R rows costs like
+(the model pads rows on CPU: 17 rows cost what 32 do, see verispec/model/linear.py) and depth
+is the most drafts any request keeps: the drafts with the largest expected gain (alpha^j for a
+request's j-th draft) are kept while they raise the expected tokens per unit of cost, every
+prefix of that order priced with its own rows, depth and drafting requests, and the search is
+repeated with each cap on the depth (a drafter that runs one pass per position can pay more
+for one request's fourth draft than for four requests' first). A K chosen per request cannot
+see that one extra row can cost a whole padding step for everybody.
 
 K only changes speed: whatever K a request gets from its past, its output is exact. K does
 decide which random numbers a sampled request consumes, so the engine prices seeded sampled
@@ -58,9 +66,18 @@ class _Estimate:
     probing: bool = False
 
 
+def free(depth: int, num_requests: int) -> float:
+    """The draft cost of a drafter that costs nothing (Drafter.draft_cost's default)."""
+    return 0.0
+
+
 class AdaptiveK:
+    """draft_cost(depth, num_requests): the drafter's declared cost of one call (module
+    docstring; Drafter.draft_cost or a verispec.config.DraftCost)."""
+
     def __init__(self, max_k: int, row_cost: float = 0.1, prior: float = 0.3,
-                 prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8) -> None:
+                 prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8,
+                 draft_cost: Callable[[int, int], float] = free) -> None:
         for name, value, ok in (
             ("max_k", max_k, isinstance(max_k, int) and max_k >= 0),
             ("row_cost", row_cost, row_cost > 0),
@@ -72,15 +89,16 @@ class AdaptiveK:
             if not ok:
                 raise ValueError(f"{name}={value!r} is invalid for AdaptiveK")
         self.max_k, self.row_cost, self.prior, self.prior_weight = max_k, row_cost, prior, prior_weight
-        self.decay, self.probe_interval = decay, probe_interval
+        self.decay, self.probe_interval, self.draft_cost = decay, probe_interval, draft_cost
         self._estimates: dict[str, _Estimate] = {}
         self._tables: dict[int, list[int]] = {}
 
     def table(self, batch_size: int) -> list[int]:
         """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once)."""
         if batch_size not in self._tables:
-            cost = self._row_cost_at(batch_size)
-            self._tables[batch_size] = [self._best_k(i / 100, cost) for i in range(101)]
+            c, step = self._row_cost_at(batch_size), 1 + batch_size * self.row_cost
+            costs = [1 + c * k + self.draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
+            self._tables[batch_size] = [self._best_k(i / 100, costs) for i in range(101)]
         return self._tables[batch_size]
 
     def _row_cost_at(self, batch_size: int) -> float:
@@ -93,8 +111,9 @@ class AdaptiveK:
         scale = self._row_cost_at(batch_size) / self._row_cost_at(1)
         return math.ceil(self.probe_interval * scale - 1e-9)
 
-    def _best_k(self, alpha: float, cost: float) -> int:
-        rates = [expected_emitted_tokens(alpha, k) / (1 + cost * k) for k in range(self.max_k + 1)]
+    def _best_k(self, alpha: float, costs: list[float]) -> int:
+        """costs[k]: a step with k drafts per request, relative to one without (module docstring)."""
+        rates = [expected_emitted_tokens(alpha, k) / costs[k] for k in range(self.max_k + 1)]
         return max(range(self.max_k + 1), key=lambda k: (rates[k], -k))
 
     def alpha(self, request_id: str) -> float:
@@ -142,25 +161,36 @@ class AdaptiveK:
         without them (one per sampling request); padded_rows: rows a pass over R rows costs like.
         """
         rows, tokens = base_rows, base_tokens
-        gains: list[tuple[float, int, int]] = []  # (expected tokens, rows, claim) per optional draft
+        depth = drafting = 0  # the fixed claims' deepest draft, and how many of them draft
+        gains: list[tuple[float, int, int, int]] = []  # (expected tokens, j, rows, claim) per optional draft
         for i, claim in enumerate(claims):
             alpha = self.alpha(claim.request_id)
             if claim.fixed:
                 rows += claim.slots * claim.rows_per_draft
                 tokens += expected_emitted_tokens(alpha, claim.slots) - 1
+                depth, drafting = max(depth, claim.slots), drafting + (claim.slots > 0)
             else:
-                gains.extend((alpha ** j, claim.rows_per_draft, i) for j in range(1, claim.slots + 1))
+                gains.extend((alpha ** j, j, claim.rows_per_draft, i) for j in range(1, claim.slots + 1))
         # A request's j-th draft gains no more than its (j-1)-th and the sort is stable, so every
-        # prefix of this order keeps a prefix of each request's drafts.
+        # prefix of this order (of its drafts up to any depth cap) keeps a prefix of each
+        # request's drafts: its first draft comes first, and makes it a drafting request.
         gains.sort(key=lambda g: -g[0])
-        best, best_rate = 0, tokens / (1 + self.row_cost * padded_rows(rows))
-        for m, (gain, extra_rows, _) in enumerate(gains, start=1):
-            rows, tokens = rows + extra_rows, tokens + gain
-            rate = tokens / (1 + self.row_cost * padded_rows(rows))
-            if rate > best_rate:
-                best, best_rate = m, rate
+
+        def rate(rows: int, tokens: float, depth: int, drafting: int) -> float:
+            return tokens / (1 + self.row_cost * padded_rows(rows) + self.draft_cost(depth, drafting))
+
+        kept: list[tuple[float, int, int, int]] = []
+        best_rate = rate(rows, tokens, depth, drafting)
+        for cap in range(1, max((j for _, j, _, _ in gains), default=0) + 1):
+            capped = [g for g in gains if g[1] <= cap]
+            r, t, d, n = rows, tokens, depth, drafting
+            for m, (gain, j, extra_rows, _) in enumerate(capped, start=1):
+                r, t, d, n = r + extra_rows, t + gain, max(d, j), n + (j == 1)
+                current = rate(r, t, d, n)
+                if current > best_rate:
+                    kept, best_rate = capped[:m], current
         allotted = [claim.slots if claim.fixed else 0 for claim in claims]
-        for _, _, i in gains[:best]:
+        for _, _, _, i in kept:
             allotted[i] += 1
         return allotted
 

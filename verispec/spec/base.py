@@ -126,6 +126,14 @@ class Drafter(ABC):
 
     hidden_layers: tuple[int, ...] = ()
 
+    def draft_cost(self, depth: int, num_requests: int) -> float:
+        """What one ``propose`` call costs when `num_requests` requests draft and the deepest
+        gets `depth` drafts, in units of the target step's fixed cost (verispec.config.DraftCost;
+        0 when depth or num_requests is 0). Declared, never timed: the adaptive K
+        (spec/adaptive.py) weighs it against the tokens drafts bring, and seeded requests must
+        get the same K on every machine. This default: free."""
+        return 0.0
+
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from ..config import DraftCost
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from ..model import LlamaModel
@@ -21,12 +22,28 @@ from .base import DraftBatch, Drafter, DraftRequest
 from .draft_sampling import draft_metadata, sample_drafts
 
 
+def draft_model_cost(draft: LlamaModel, target: LlamaModel, row_cost: float) -> DraftCost:
+    """A draft model's cost relative to its target's: decoding reads the weights, so a draft
+    pass's fixed cost is the target's scaled by the ratio of their parameter counts, and so is
+    each row's (row_cost, SpeculativeConfig). One pass per draft position."""
+    ratio = sum(p.numel() for p in draft.parameters()) / sum(p.numel() for p in target.parameters())
+    return DraftCost(per_position=ratio, per_row=ratio * row_cost)
+
+
 class DraftModelDrafter(Drafter):
-    def __init__(self, model: LlamaModel, num_blocks: int = 1024, block_size: int = 16) -> None:
+    """cost: what a call costs (Drafter.draft_cost), e.g. draft_model_cost(model, target, ...);
+    free by default."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int = 1024, block_size: int = 16,
+                 cost: DraftCost = DraftCost()) -> None:
         self.model = model
         self.blocks = BlockManager(num_blocks, block_size)
         self.runner = ModelRunner(model, self.blocks)
+        self.cost = cost
         self._cached: dict[str, list[int]] = {}
+
+    def draft_cost(self, depth: int, num_requests: int) -> float:
+        return self.cost(depth, num_requests)
 
     def release(self, request_id: str) -> None:
         self.blocks.free(request_id)

@@ -49,6 +49,13 @@ class EagleDrafter(Drafter):
         self.store = FeatureStore()
         self._confirmed: dict[str, int] = {}  # head positions fed true features, per request
 
+    def draft_cost(self, depth: int, num_requests: int) -> float:
+        """One head pass per draft position (the first also feeds the newly confirmed
+        features): the EAGLE layer and the restricted LM head, 0.09 of the target step's fixed
+        cost, plus 0.011 per drafting request (the embedded model on CPU, measured with
+        bench/draft_cost.py; verispec.config.DraftCost(per_position=0.09, per_row=0.011))."""
+        return depth * (0.09 + 0.011 * num_requests) if num_requests > 0 else 0.0
+
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..config import DynamicTree
+from ..config import DraftCost, DynamicTree
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import draft_metadata, sample_from_draft_vocab
 from .features import FeatureStore
@@ -23,11 +23,21 @@ from .heads import MedusaHeads
 from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
 
 
+# One call: `depth` residual blocks and one product with the restricted LM head (8192 of the
+# target's 49152 rows), over depth rows per request, plus each request's features and sampling
+# metadata. The embedded model on CPU, in units of the target step's fixed cost (measured with
+# bench/draft_cost.py): 0.05 for one request at depth 1, 0.07 at depth 4, 0.21 for 12 at depth 4.
+MEDUSA_COST = DraftCost(per_call=0.037, per_request=0.0046, per_position=0.0047, per_row=0.0021)
+
+
 class MedusaDrafter(Drafter):
     def __init__(self, heads: MedusaHeads) -> None:
         self.heads = heads
         self.hidden_layers = (heads.config.target_num_layers,)
         self.store = FeatureStore()
+
+    def draft_cost(self, depth: int, num_requests: int) -> float:
+        return MEDUSA_COST(min(depth, len(self.heads.blocks)), num_requests)
 
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)
@@ -62,7 +72,8 @@ class MedusaDrafter(Drafter):
         depth = len(self.heads.blocks)
         shape = dataclasses.replace(shape, depth=min(shape.depth, depth)) \
             if isinstance(shape, DynamicTree) else shape[:depth]
-        logits = self.heads(self.heads.normalize(features))  # [K, R, N]
+        levels = shape.depth if isinstance(shape, DynamicTree) else len(shape)
+        logits = self.heads(self.heads.normalize(features), levels)  # [levels, R, N]
 
         def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:  # [rows, N]
             return torch.stack([logits[trees[r].depths[j], r] for r, chosen in enumerate(nodes) for j in chosen])
@@ -82,7 +93,8 @@ class MedusaDrafter(Drafter):
             return DraftBatch(drafts)
         device = features.device
         sampling = draft_metadata(requests, device)
-        logits = self.heads(self.heads.normalize(features))  # [K, R, N]
+        depth = max(requests[i].num_draft_tokens for i in active)
+        logits = self.heads(self.heads.normalize(features), depth)  # [min(depth, heads), R, N]
         slot = {i: r for r, i in enumerate(active)}  # request -> its row in `logits`
         for k in range(logits.shape[0]):
             active = [i for i in active if requests[i].num_draft_tokens > k]

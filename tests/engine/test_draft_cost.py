@@ -1,0 +1,76 @@
+"""The adaptive K charges drafting its declared cost (Drafter.draft_cost, or
+SpeculativeConfig.draft_cost): a drafter costlier than its drafts only probes."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec import SamplingParams
+from verispec.config import CacheConfig, DraftCost, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
+from verispec.spec.draft_model import DraftModelDrafter, draft_model_cost
+from verispec.spec.ngram import NgramDrafter
+
+from ..tiny import run_all, tiny_model, word_tokenizer
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+REPETITIVE = [1, 2, 3, 4] * 6
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=0, scale=3.0)
+
+
+def engine(target, drafter, draft_cost: DraftCost | None = None) -> LLMEngine:
+    config = EngineConfig(max_model_len=512, cache=CacheConfig(4, 256), speculative=SpeculativeConfig(
+        method="ngram", num_speculative_tokens=4, draft_cost=draft_cost))
+    return LLMEngine(target, word_tokenizer(), config, drafter)
+
+
+def drafted(engine: LLMEngine, prompts, params) -> tuple[list[list[int]], int]:
+    """(outputs, draft tokens verified)."""
+    ids = [engine.add_request(p, params[i] if isinstance(params, list) else params) for i, p in enumerate(prompts)]
+    done = run_all(engine)
+    return [done[i].token_ids for i in ids], sum(done[i].stats.num_draft_tokens for i in ids)
+
+
+def test_a_drafter_declaring_a_high_cost_only_probes(target) -> None:
+    poor = lambda cost: DraftModelDrafter(tiny_model(seed=4, scale=1.0), 256, 4, cost)  # noqa: E731
+    free_out, free_drafts = drafted(engine(target, poor(DraftCost())), [[5, 6, 7]], GREEDY)
+    costly_out, costly_drafts = drafted(engine(target, poor(DraftCost(per_position=2.0))), [[5, 6, 7]], GREEDY)
+    interval = 8  # AdaptiveK's probe_interval: one draft every 8 steps
+    assert costly_out == free_out
+    assert free_drafts > 40 // interval + 1 >= costly_drafts > 0
+
+
+def test_the_config_overrides_the_drafters_declaration(target) -> None:
+    """n-gram drafts on a repetitive prompt are nearly free and often right; priced at 50 target
+    steps per call they are not worth it."""
+    _, free_drafts = drafted(engine(target, NgramDrafter(1, 3, 4)), [REPETITIVE], GREEDY)
+    _, costly_drafts = drafted(engine(target, NgramDrafter(1, 3, 4), DraftCost(per_call=50.0)),
+                                  [REPETITIVE], GREEDY)
+    assert free_drafts > 20 and costly_drafts <= 40 // 8 + 1
+
+
+def test_seeded_request_is_batch_invariant_with_a_drafter_cost_that_grows_with_the_batch(target) -> None:
+    """Priced at batch 1, a seeded request's K ignores the others, even when drafting for them
+    costs more (per request) than drafting alone."""
+    cost = DraftCost(per_request=0.05, per_position=0.05)
+
+    def run(prompts, params):
+        drafter = DraftModelDrafter(tiny_model(seed=1, scale=3.0), 256, 4, cost)
+        return drafted(engine(target, drafter), prompts, params)[0]
+
+    seeded = SamplingParams(temperature=0.9, seed=77, max_tokens=24, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
+    alone = run([REPETITIVE], seeded)[0]
+    assert run([[5, 6, 7], [9, 9, 9], REPETITIVE, [3]], [other, GREEDY, seeded, other])[2] == alone
+
+
+def test_draft_model_cost_is_the_ratio_of_parameters() -> None:
+    small, big = tiny_model(seed=1, hidden=16), tiny_model(seed=0, hidden=32)
+    ratio = sum(p.numel() for p in small.parameters()) / sum(p.numel() for p in big.parameters())
+    cost = draft_model_cost(small, big, row_cost=0.1)
+    assert 0 < ratio < 1 and cost == DraftCost(per_position=ratio, per_row=0.1 * ratio)
+    assert cost(3, 2) == pytest.approx(3 * (ratio + 0.2 * ratio)) and cost(0, 2) == 0
