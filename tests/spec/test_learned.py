@@ -18,7 +18,7 @@ from verispec.spec.base import Drafter
 from verispec.sample import SamplingMetadata
 from verispec.spec.draft_sampling import sample_drafts, sample_from_draft_vocab, widen_vocab
 from verispec.spec.eagle import EagleDrafter
-from verispec.spec.heads import HeadConfig, load_head, new_head, save_head
+from verispec.spec.heads import KINDS, HeadConfig, head_config, load_head, new_head, save_head, shipped_head
 from verispec.spec.medusa import MedusaDrafter
 
 from .. import learned
@@ -179,6 +179,14 @@ def test_head_files_round_trip_and_name_what_is_wrong(kind: str, tmp_path) -> No
     save_file({"x": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
     with pytest.raises(ValueError, match=r"plain\.safetensors.* is not a verispec draft head"):
         load_head(tmp_path / "plain.safetensors", learned.target())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_shipped_heads_are_in_the_package_for_the_embedded_model(kind: str) -> None:
+    """What `--draft eagle|medusa` loads: present in a fresh checkout, shaped for SmolLM2-135M."""
+    config = head_config(shipped_head(kind))
+    assert config.kind == kind
+    assert (config.target_vocab_size, config.hidden_size, config.target_num_layers) == (49152, 576, 30)
 
 
 def test_llm_takes_a_head_file_and_refuses_the_shipped_head_for_another_model(tmp_path) -> None:

@@ -12,7 +12,7 @@ from verispec import LLM, SamplingParams
 from verispec.cli import main
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
-from verispec.spec.heads import head_kind, load_head
+from verispec.spec.heads import head_config, load_head
 from verispec.train import trainer
 from verispec.train.command import acceptance, draft_vocabulary
 from verispec.train.trainer import TrainConfig, train
@@ -100,7 +100,7 @@ def test_train_drafter_command_writes_a_head_the_cli_and_llm_use(tmp_path, capsy
     assert main(args) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["prompts"] == 16 and report["held_out_prompts"] == 4 and report["draft_vocab"] == 12
-    assert head_kind(out) == "medusa"
+    assert head_config(out).kind == "medusa"
     assert "held-out mean acceptance length at K=2" in capsys.readouterr().out
     # Running again resumes from the cache: nothing is recorded twice.
     assert main(args) == 0

@@ -26,7 +26,7 @@ from ..sampling_params import SamplingParams
 from ..spec.base import Drafter
 from ..spec.draft_model import DraftModelDrafter, draft_model_cost
 from ..spec.eagle import EagleDrafter
-from ..spec.heads import KINDS, head_kind, load_head, shipped_head
+from ..spec.heads import KINDS, head_config, load_head, shipped_head
 from ..spec.medusa import MedusaDrafter
 from ..spec.ngram import NgramDrafter
 from .engine import LLMEngine, PreparedRequest, RequestOutput
@@ -54,7 +54,7 @@ def _draft_method(draft: object) -> tuple[str, str | None]:
     if not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft is {type(draft).__name__}: expected a str")
     if str(draft).endswith(".safetensors"):
-        return head_kind(draft), str(draft)
+        return head_config(draft).kind, str(draft)
     return "draft_model", str(draft)
 
 

@@ -51,9 +51,9 @@ def shipped_head(kind: str) -> Path:
     return SHIPPED_DIR / f"{kind}-smollm2-135m-instruct.safetensors"
 
 
-def head_kind(path: str | os.PathLike[str]) -> str:
-    """The kind of the head stored at `path` (ValueError when it is not a head file)."""
-    return _read(path)[0].kind
+def head_config(path: str | os.PathLike[str]) -> HeadConfig:
+    """The config of the head stored at `path` (ValueError when it is not a head file)."""
+    return _read(path)[0]
 
 
 @dataclass(frozen=True)
