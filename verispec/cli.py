@@ -156,9 +156,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="K for the held-out acceptance (Medusa: also its number of heads; default 4)")
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="draft vocabulary: the N most frequent tokens of the recorded answers (default 8192)")
-    p.add_argument("--epochs", type=int, default=None, help="passes over the recorded data (default 4)")
-    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 1e-3)")
-    p.add_argument("--batch-tokens", type=int, default=None, help="tokens per training step (default 4096)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the recorded data (default 8)")
+    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 2e-3)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="tokens per training step (default 1024)")
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="EAGLE layer MLP width (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
