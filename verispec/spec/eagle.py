@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..config import DynamicTree
+from ..config import DraftCost, DynamicTree
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
@@ -38,6 +38,12 @@ from .draft_sampling import draft_metadata, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import EagleHead
 from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
+
+
+# One head pass per draft position (the first also feeds the newly confirmed features): the
+# EAGLE layer and the restricted LM head, 0.09 of the target step's fixed cost, plus 0.011 per
+# drafting request (the embedded model on CPU, measured with bench/draft_cost.py).
+EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
 
 
 class EagleDrafter(Drafter):
@@ -50,11 +56,7 @@ class EagleDrafter(Drafter):
         self._confirmed: dict[str, int] = {}  # head positions fed true features, per request
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
-        """One head pass per draft position (the first also feeds the newly confirmed
-        features): the EAGLE layer and the restricted LM head, 0.09 of the target step's fixed
-        cost, plus 0.011 per drafting request (the embedded model on CPU, measured with
-        bench/draft_cost.py; verispec.config.DraftCost(per_position=0.09, per_row=0.011))."""
-        return depth * (0.09 + 0.011 * num_requests) if num_requests > 0 else 0.0
+        return EAGLE_COST(depth, num_requests)
 
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)
