@@ -87,6 +87,13 @@ def test_dynamic_trees_are_trees_of_the_best_scores_within_budget(seed: int) -> 
     assert max(trees[2].depths) <= shape.depth
 
 
+def test_a_static_shape_wider_than_the_draft_vocabulary_is_clipped_to_it() -> None:
+    expand, _ = _by_token(TABLE)
+    (tree,) = grow_trees((6, 1), [64], _probs_logits([[0.5, 0.3, 0.15, 0.05]]), VOCAB, expand)
+    assert tree.token_ids == [10, 11, 12, 13, 13, 10, 12, 10]
+    assert tree.parents == [-1, -1, -1, -1, 0, 1, 2, 3]
+
+
 def test_branching_bounds_a_dynamic_tree_for_static_fillers() -> None:
     assert branching((3, 2)) == (3, 2)
     assert branching(DynamicTree(nodes=8, depth=3, top_k=2)) == (2, 2, 2)

@@ -145,6 +145,8 @@ def grow_trees(
         plans = None
         width, levels = shape.top_k, shape.depth
     else:
+        # A node cannot have more children than the draft vocabulary has tokens.
+        shape = tuple(min(b, root_logits.shape[-1]) for b in shape)
         plans = [static_tree(shape, budget) for budget in budgets]
         width, levels = max(shape), len(shape)
     logprobs = root_logits.float().log_softmax(-1)
