@@ -28,7 +28,7 @@ is rebuilt from scratch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -74,12 +74,12 @@ def match_ends(
     tokens: np.ndarray,  # [L] int64: prompt + output so far
     min_n: int,
     max_n: int,
-) -> list[int]:
+) -> Iterator[int]:
     """Ends j < L - 1 of earlier occurrences of the context's last n tokens, min_n <= n <= max_n,
-    best first: longest n first, then most recent."""
+    best first: longest n first, then most recent. Lazy: a chain draft takes only the first."""
     length = len(tokens)
     if length < 2:
-        return []
+        return
     # Candidate match ends j < L - 1 whose last n tokens equal the suffix's, for growing n.
     ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])
     by_n: list[np.ndarray] = []
@@ -91,14 +91,12 @@ def match_ends(
             break
         if n >= min_n:
             by_n.append(ends)
-    ordered: list[int] = []
     seen: set[int] = set()
     for ends in reversed(by_n):
         for j in ends[::-1].tolist():
             if j not in seen:
                 seen.add(j)
-                ordered.append(j)
-    return ordered
+                yield j
 
 
 def continuation(tokens: np.ndarray, end: int, k: int) -> list[int]:  # tokens: [L] int64
@@ -120,8 +118,8 @@ def propose_ngram(
     """The prompt-lookup draft of at most k tokens for one context (rule: module docstring)."""
     if k == 0:
         return []
-    ends = match_ends(tokens, min_n, max_n)
-    return continuation(tokens, ends[0], k) if ends else []
+    end = next(match_ends(tokens, min_n, max_n), None)
+    return [] if end is None else continuation(tokens, end, k)
 
 
 def propose_ngram_tree(
