@@ -4,6 +4,7 @@ steps (cached per process: several test files share them)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -57,3 +58,30 @@ def training(kind: str) -> tuple[Head, list[float]]:
 
 def trained(kind: str) -> Head:
     return training(kind)[0]
+
+
+SAMPLED_VOCAB = 8
+SAMPLED_PROMPT = [1, 2, 3]
+
+
+def sampled_world(kind: str, cfg: bool, max_tokens: int,
+                  ) -> tuple[LlamaModel, Head, SamplingParams, Callable[[list[int]], torch.Tensor]]:
+    """The setting of the sampled (chi-square) tests of learned drafters: a target of
+    SAMPLED_VOCAB tokens, an untrained head of `kind` (3 Medusa heads) whose draft vocabulary
+    leaves tokens 6 and 7 out (q = 0 there), temperature 0.7 / top-p 0.9 (and CFG at 1.5 with
+    the negative prompt [5, 6]); and dist(tokens) [V]: the target's own distribution of the
+    token after SAMPLED_PROMPT + tokens."""
+    from .engine.test_cfg import _guided
+    from .engine.test_engine import _dist
+
+    model = tiny_model(seed=3, vocab=SAMPLED_VOCAB, scale=0.3)
+    head = new_head(HeadConfig.for_target(kind, model.config, num_medusa_heads=3), model, torch.arange(6), seed=5)
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=max_tokens, ignore_eos=True,
+                            **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
+
+    def dist(tokens: list[int]) -> torch.Tensor:  # [V]
+        if cfg:
+            return _guided(model, SAMPLED_PROMPT + tokens, [5, 6, *tokens], params)
+        return _dist(model, SAMPLED_PROMPT + tokens, params)
+
+    return model, head, params, dist

@@ -45,6 +45,19 @@ def oracle_logprobs(model, prompt: list[int], output: list[int], params: Samplin
     ])
 
 
+def assert_records_match_the_oracle(model, prompt: list[int], out, params: SamplingParams) -> None:
+    """Every record of `out` (a finished RequestOutput): its token, log-probability and top
+    alternatives as oracle_logprobs computes them."""
+    assert [r.token_id for r in out.logprobs] == out.token_ids
+    expected = oracle_logprobs(model, prompt, out.token_ids, params)
+    for j, record in enumerate(out.logprobs):
+        assert record.logprob == pytest.approx(float(expected[j, record.token_id]), abs=1e-4)
+        top = expected[j].sort(descending=True)
+        n = min(params.logprobs, int(torch.isfinite(top.values).sum()))
+        assert [i for i, _ in record.top] == top.indices[:n].tolist()
+        assert [v for _, v in record.top] == pytest.approx(top.values[:n].tolist(), abs=1e-4)
+
+
 @pytest.mark.parametrize("params", PARAMS, ids=["greedy", "top-k", "presence"])
 def test_engine_logprobs_match_the_oracle(model, params: SamplingParams) -> None:
     # A draft model close to the target: drafts get accepted and rejected.
@@ -57,14 +70,7 @@ def test_engine_logprobs_match_the_oracle(model, params: SamplingParams) -> None
         out = done[rid]
         accepted += out.stats.num_accepted_tokens
         rejected += out.stats.num_draft_tokens - out.stats.num_accepted_tokens
-        assert [r.token_id for r in out.logprobs] == out.token_ids
-        expected = oracle_logprobs(model, prompt, out.token_ids, params)
-        for j, record in enumerate(out.logprobs):
-            assert record.logprob == pytest.approx(float(expected[j, record.token_id]), abs=1e-4)
-            top = expected[j].sort(descending=True)
-            n = min(params.logprobs, int(torch.isfinite(top.values).sum()))
-            assert [i for i, _ in record.top] == top.indices[:n].tolist()
-            assert [v for _, v in record.top] == pytest.approx(top.values[:n].tolist(), abs=1e-4)
+        assert_records_match_the_oracle(model, prompt, out, params)
     assert accepted > 0 and rejected > 0  # records of accepted, recovered and bonus tokens
 
 

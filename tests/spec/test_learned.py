@@ -22,12 +22,8 @@ from verispec.spec.heads import KINDS, HeadConfig, head_config, load_head, new_h
 from verispec.spec.medusa import MedusaDrafter
 
 from .. import learned
-from ..engine.test_cfg import _guided
-from ..engine.test_engine import _dist
 from ..stats import chi_square
 from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
-
-KINDS = ("eagle", "medusa")
 
 
 def _drafter(head) -> Drafter:
@@ -76,20 +72,11 @@ def test_sampled_output_follows_the_target(kind: str, cfg: bool) -> None:
     """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG with a negative prompt):
     the first two emitted tokens against p1(y1) p2(y2 | y1) from the target itself. The head
     is untrained and its draft vocabulary leaves tokens 6 and 7 out (q = 0 there)."""
-    vocab = 8
-    target = tiny_model(seed=3, vocab=vocab, scale=0.3)
-    head = new_head(HeadConfig.for_target(kind, target.config, num_medusa_heads=3), target,
-                    torch.arange(6), seed=5)
-    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, ignore_eos=True,
-                            **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
-    prompt = [1, 2, 3]
-    pairs = _sampled_pairs(target, _drafter(head), params, 20_000, prompt)
-    if cfg:
-        p1 = _guided(target, prompt, [5, 6], params)
-        p2 = torch.stack([_guided(target, prompt + [y], [5, 6, y], params) for y in range(vocab)])
-    else:
-        p1 = _dist(target, prompt, params)
-        p2 = torch.stack([_dist(target, prompt + [y], params) for y in range(vocab)])
+    vocab = learned.SAMPLED_VOCAB
+    target, head, params, dist = learned.sampled_world(kind, cfg, max_tokens=3)
+    pairs = _sampled_pairs(target, _drafter(head), params, 20_000, learned.SAMPLED_PROMPT)
+    p1 = dist([])
+    p2 = torch.stack([dist([y]) for y in range(vocab)])
     assert chi_square(pairs[:, 0], p1).passed
     assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
 

@@ -17,17 +17,14 @@ from verispec.config import CacheConfig, DynamicTree, EngineConfig, SpeculativeC
 from verispec.engine.engine import LLMEngine
 from verispec.spec.base import Drafter
 from verispec.spec.draft_model import DraftModelDrafter
-from verispec.spec.eagle import EagleDrafter
 from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.medusa import MedusaDrafter
 from verispec.spec.ngram import NgramDrafter, propose_ngram_tree
 from verispec.spec.trees import TreeBatch, static_tree
 
 from .. import learned
-from ..engine.test_cfg import _guided
-from ..engine.test_engine import _dist
-from ..engine.test_logprobs import PARAMS, oracle_logprobs
-from .test_learned import _hidden
+from ..engine.test_logprobs import PARAMS, assert_records_match_the_oracle
+from .test_learned import _drafter as head_drafter, _hidden
 from ..stats import chi_square
 from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
 
@@ -79,9 +76,8 @@ def test_tree_batches_are_checked(tokens, parents, probs) -> None:
         TreeBatch(tokens, parents, probs)
 
 
-def _drafter(kind: str) -> Drafter:
-    head = learned.trained(kind)
-    return MedusaDrafter(head) if kind == "medusa" else EagleDrafter(head, num_blocks=8192, block_size=4)
+def _trained_drafter(kind: str) -> Drafter:
+    return head_drafter(learned.trained(kind))
 
 
 @pytest.mark.parametrize("kind,tree,num_blocks", [
@@ -93,7 +89,7 @@ def test_greedy_tree_output_is_plain_decoding_token_for_token(kind: str, tree: T
     """Batched, with 40 blocks of 4 small enough to preempt; static and dynamic trees."""
     target, prompts = learned.target(), learned.prompts(6, seed=11)
     plain, _ = _greedy(_engine(target, None, None), prompts)
-    drafter = _drafter(kind)
+    drafter = _trained_drafter(kind)
     engine = _engine(target, drafter, tree, num_blocks=num_blocks)
     batched, done = _greedy(engine, prompts)
     assert batched == plain
@@ -111,7 +107,7 @@ def test_a_one_branch_tree_drafts_what_the_chain_drafts(kind: str) -> None:
     target, prompts = learned.target(), learned.prompts(6, seed=11)
     stats = []
     for tree in (None, (1, 1, 1)):
-        _, done = _greedy(_engine(target, _drafter(kind), tree, k=3), prompts)
+        _, done = _greedy(_engine(target, _trained_drafter(kind), tree, k=3), prompts)
         stats.append([(o.stats.num_draft_tokens, o.stats.num_accepted_tokens) for o in done.values()])
     assert stats[0] == stats[1]
     assert sum(a for _, a in stats[0]) > 0
@@ -167,7 +163,7 @@ def test_tree_steps_hand_drafters_the_targets_own_hidden_states(kind: str, tree,
     that position computed afresh from the request's tokens; without preemption, the feature
     Medusa needs is there at every step after the first (the accepted path's last node's)."""
     target = learned.target()
-    drafter = _drafter(kind)
+    drafter = _trained_drafter(kind)
     tokens_of: dict[str, list[int]] = {}
     checked = []
     propose_tree, features = drafter.propose_tree, drafter.store.features
@@ -220,14 +216,7 @@ def test_tree_logprobs_match_the_oracle(params: SamplingParams) -> None:
     done = run_all(engine)
     assert sum(done[r].stats.num_accepted_tokens for r in ids) > 0
     for rid, prompt in zip(ids, prompts):
-        out = done[rid]
-        assert [r.token_id for r in out.logprobs] == out.token_ids
-        expected = oracle_logprobs(target, prompt, out.token_ids, params)
-        for j, record in enumerate(out.logprobs):
-            assert record.logprob == pytest.approx(float(expected[j, record.token_id]), abs=1e-4)
-            top = expected[j].sort(descending=True)
-            n = min(params.logprobs, int(torch.isfinite(top.values).sum()))
-            assert [i for i, _ in record.top] == top.indices[:n].tolist()
+        assert_records_match_the_oracle(target, prompt, done[rid], params)
 
 
 def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
@@ -251,27 +240,17 @@ def test_sampled_tree_output_follows_the_target(kind: str, cfg: bool) -> None:
     siblings tested in turn, then their children; with CFG (2, 1), to halve the rows of the
     two sequences. EAGLE drafts from the first step, a dynamic tree (6 nodes, 3 levels, top 2).
     The heads are untrained and their draft vocabulary leaves tokens 6 and 7 out."""
-    vocab = 8
-    target = tiny_model(seed=3, vocab=vocab, scale=0.3)
-    head = new_head(HeadConfig.for_target(kind, target.config, num_medusa_heads=3), target,
-                    torch.arange(6), seed=5)
-    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, ignore_eos=True,
-                            **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
-    prompt = [1, 2, 3]
-    drafter = MedusaDrafter(head) if kind == "medusa" else EagleDrafter(head, num_blocks=8192, block_size=4)
+    vocab = learned.SAMPLED_VOCAB
+    target, head, params, dist = learned.sampled_world(kind, cfg, max_tokens=12)
+    drafter = head_drafter(head)
     tree = DynamicTree(6, 3, 2) if kind == "eagle" else (2, 1) if cfg else (3, 2)
     engine = _engine(target, drafter, tree, max_seqs=1024)
     for i in range(20_000):
-        engine.add_request(prompt, dataclasses.replace(params, seed=i))
+        engine.add_request(learned.SAMPLED_PROMPT, dataclasses.replace(params, seed=i))
     first, accepted = _first_tokens(engine, 3)
     first = torch.tensor(first)
     assert accepted > 1000
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
-
-    def dist(tokens: list[int]) -> torch.Tensor:  # [V]
-        if cfg:
-            return _guided(target, prompt + tokens, [5, 6, *tokens], params)
-        return _dist(target, prompt + tokens, params)
 
     p1 = dist([])
     p2 = torch.stack([dist([y]) for y in range(vocab)])  # [V, V]
