@@ -1,5 +1,6 @@
 """grow_trees (spec/trees.py): static shapes filled rank by rank, EAGLE-2 dynamic trees kept by
-path score, and the command-line form of trees."""
+path score, drawn (sampled) children kept in draw order, draws without replacement, and the
+command-line form of trees."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 import torch
 
 from verispec.config import DynamicTree, SpeculativeConfig, parse_tree
-from verispec.spec.trees import GrownTree, branching, grow_trees, static_tree
+from verispec.spec.draft_sampling import draw_without_replacement
+from verispec.spec.trees import Children, GrownTree, branching, grow_trees, static_tree
+
+from ..stats import chi_square
 
 VOCAB = torch.tensor([10, 11, 12, 13])  # draft column -> target token id
 
@@ -36,7 +40,8 @@ TABLE = {10: [0.1, 0.2, 0.3, 0.4], 11: [0.6, 0.2, 0.15, 0.05], 12: [0.25, 0.25, 
 def test_a_static_shape_takes_each_parents_ranked_tokens_breadth_first() -> None:
     expand, calls = _by_token(TABLE)
     root = _probs_logits([[0.5, 0.3, 0.15, 0.05], [0.1, 0.1, 0.2, 0.6]])
-    first, second = grow_trees((2, 2, 1), [10, 4], root, VOCAB, expand)
+    (first, second), probs = grow_trees((2, 2, 1), [10, 4], root, VOCAB, expand)
+    assert probs is None  # ranked children are deterministic drafts
     plan = static_tree((2, 2, 1), 10)
     assert first.parents == [n.parent for n in plan] and first.depths == [n.depth for n in plan]
     # Root: 10 then 11. Children of 10: 13, 12; of 11: 10, 11.
@@ -52,7 +57,7 @@ def test_a_static_shape_takes_each_parents_ranked_tokens_breadth_first() -> None
 def test_a_dynamic_tree_keeps_the_best_paths() -> None:
     expand, calls = _by_token(TABLE)
     root = _probs_logits([[0.5, 0.3, 0.15, 0.05]])
-    (tree,) = grow_trees(DynamicTree(nodes=4, depth=3, top_k=2), [4], root, VOCAB, expand)
+    (tree,), _ = grow_trees(DynamicTree(nodes=4, depth=3, top_k=2), [4], root, VOCAB, expand)
     # Drawn: 10 (.5), 11 (.3); children of 10: 13 (.2), 12 (.15); of 11: 10 (.18), 11 (.06);
     # depth 3 expands the best two of depth 2, 13 under 10 (.2) and 10 under 11 (.18):
     # 10 (.08), 11 (.06) and 13 (.072), 12 (.054). The best four: .5, .3, .2, .18.
@@ -73,7 +78,7 @@ def test_dynamic_trees_are_trees_of_the_best_scores_within_budget(seed: int) -> 
 
     shape = DynamicTree(nodes=int(torch.randint(1, 12, (), generator=generator)), depth=4, top_k=3)
     budgets = [shape.nodes, max(1, shape.nodes // 2), 64]
-    trees = grow_trees(shape, budgets, torch.randn(3, 4, generator=generator), VOCAB, expand)
+    trees, _ = grow_trees(shape, budgets, torch.randn(3, 4, generator=generator), VOCAB, expand)
     for tree, budget in zip(trees, budgets):
         assert 1 <= len(tree.token_ids) <= budget
         for j, parent in enumerate(tree.parents):
@@ -89,7 +94,7 @@ def test_dynamic_trees_are_trees_of_the_best_scores_within_budget(seed: int) -> 
 
 def test_a_static_shape_wider_than_the_draft_vocabulary_is_clipped_to_it() -> None:
     expand, _ = _by_token(TABLE)
-    (tree,) = grow_trees((6, 1), [64], _probs_logits([[0.5, 0.3, 0.15, 0.05]]), VOCAB, expand)
+    (tree,), _ = grow_trees((6, 1), [64], _probs_logits([[0.5, 0.3, 0.15, 0.05]]), VOCAB, expand)
     assert tree.token_ids == [10, 11, 12, 13, 13, 10, 12, 10]
     assert tree.parents == [-1, -1, -1, -1, 0, 1, 2, 3]
 
@@ -122,3 +127,67 @@ def test_a_dynamic_tree_counts_its_node_budget() -> None:
     assert spec.num_draft_tokens == 10
     with pytest.raises(ValueError, match="top_k=True"):
         DynamicTree(top_k=True)
+
+
+def _drawn_picker(table: dict[int, list[int]], vocab_size: int = 16):
+    """A picker that 'draws' fixed children per parent token (-1: the root), each with log q of
+    -1 per rank, and hands out one q row per expanded row: one-hot at the row's index, so the
+    tests can tell which row each node was drawn from."""
+
+    def pick(logits, rows, trees, width):
+        tokens = [table[-1 if parent < 0 else trees[r].token_ids[parent]][:width] for r, parent in rows]
+        probs = torch.eye(len(rows), vocab_size)
+        return Children(tokens, [[-1.0 - i for i in range(len(t))] for t in tokens], probs, [True] * len(rows))
+
+    return pick
+
+
+def _level_expand(trees, nodes):
+    return torch.zeros(sum(len(n) for n in nodes), 4)
+
+
+def test_a_drawn_dynamic_tree_fills_its_budget_in_draw_order_without_reranking() -> None:
+    """Siblings stay a prefix of their draws: the budget cuts the last draws of the last parent,
+    never a draw by its score (re-ranking would keep a sibling depending on its own token,
+    which recursive rejection sampling cannot allow)."""
+    table = {-1: [1, 2], 1: [3, 4], 2: [5, 6], 3: [7, 8], 5: [9, 10]}
+    shape = DynamicTree(nodes=5, depth=3, top_k=2)
+    (tree,), probs = grow_trees(shape, [5], torch.zeros(1, 4), VOCAB, _level_expand, _drawn_picker(table))
+    assert tree.token_ids == [1, 2, 3, 4, 5]
+    assert tree.parents == [-1, -1, 0, 0, 1]
+    # Each node carries the q row of the level row it was drawn from: root row, then the
+    # second level's rows (parent 1, parent 2).
+    assert probs.argmax(dim=-1).tolist() == [0, 0, 0, 0, 1]
+    assert probs.shape == (5, 16)
+
+
+def test_a_drawn_static_tree_skips_the_subtree_of_a_missing_draw() -> None:
+    """A parent whose q holds fewer tokens than the shape asks for draws fewer children; the
+    planned nodes under the missing ones are not grown and the rest keep their places."""
+    table = {-1: [1], 1: [3, 4], 3: [7], 4: [8]}
+    (tree,), probs = grow_trees((2, 2, 1), [10], torch.zeros(1, 4), VOCAB, _level_expand, _drawn_picker(table))
+    assert tree.token_ids == [1, 3, 4, 7, 8]
+    assert tree.parents == [-1, 0, 0, 1, 2]
+    assert probs.argmax(dim=-1).tolist() == [0, 0, 0, 0, 1]
+
+
+def test_draws_without_replacement_follow_the_sequential_law() -> None:
+    """20,000 rows, two draws each from q: P(a then b) = q(a) q(b) / (1 - q(a)) (chi-square,
+    false alarm 1e-6); the counter streams make each row's draws a function of its key."""
+    q = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    n = 20_000
+    keys = torch.arange(n, dtype=torch.int64) * 7919 + 11
+    drawn = draw_without_replacement(q.expand(n, 4), keys, torch.zeros(n, dtype=torch.int64), 2)
+    assert (drawn[:, 0] != drawn[:, 1]).all()
+    law = q[:, None] * q[None, :] / (1 - q[:, None])
+    law.fill_diagonal_(0)
+    assert chi_square(drawn[:, 0] * 4 + drawn[:, 1], law.reshape(-1)).passed
+    again = draw_without_replacement(q.expand(3, 4), keys[[5, 0, 9]], torch.zeros(3, dtype=torch.int64), 2)
+    assert torch.equal(again, drawn[[5, 0, 9]])
+
+
+def test_draws_stop_when_q_has_no_tokens_left() -> None:
+    q = torch.tensor([[0.0, 0.6, 0.0, 0.4], [float("nan")] * 4])
+    drawn = draw_without_replacement(q, torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int64), 3)
+    assert sorted(drawn[0, :2].tolist()) == [1, 3] and drawn[0, 2] == -1
+    assert drawn[1].tolist() == [-1, -1, -1]

@@ -219,6 +219,30 @@ def test_tree_logprobs_match_the_oracle(params: SamplingParams) -> None:
         assert_records_match_the_oracle(target, prompt, done[rid], params)
 
 
+@pytest.mark.parametrize("kind,tree", [("eagle", DynamicTree(6, 3, 2)), ("medusa", (3, 2))])
+def test_sampled_trees_are_batch_invariant_and_greedy_requests_beside_them_stay_plain(kind: str, tree) -> None:
+    """A seeded T = 0.7 request draws its tree from its own streams: the same tokens alone and
+    among other sampled and greedy requests; the greedy request in that batch (ranked children,
+    its q rows unused) still decodes as without drafts."""
+    target, prompts = learned.target(), learned.prompts(4, seed=11)
+    plain, _ = _greedy(_engine(target, None, None), prompts[:1])
+    seeded = SamplingParams(temperature=0.7, top_p=0.9, seed=5, max_tokens=24, ignore_eos=True)
+
+    def run(batch):
+        engine = _engine(target, _trained_drafter(kind), tree)
+        ids = [engine.add_request(p, params) for p, params in batch]
+        done = run_all(engine)
+        return [done[i].token_ids for i in ids], sum(o.stats.num_accepted_tokens for o in done.values())
+
+    (alone,), _ = run([(prompts[1], seeded)])
+    others = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs, accepted = run([(prompts[0], greedy), (prompts[2], others), (prompts[1], seeded), (prompts[3], others)])
+    assert outputs[2] == alone
+    assert outputs[0] == plain[0]
+    assert accepted > 0
+
+
 def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
     """Steps the engine, keeping each request's first n tokens and aborting it then; also the
     drafts accepted until then."""
@@ -237,8 +261,9 @@ def test_sampled_tree_output_follows_the_target(kind: str, cfg: bool) -> None:
     """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG): the first three emitted
     tokens against p1(y1) p2(y2 | y1) p3(y3 | y1, y2) from the target itself, and the first
     two alone. Medusa drafts from the second step on, so y2 and y3 come from a tree: (3, 2), three
-    siblings tested in turn, then their children; with CFG (2, 1), to halve the rows of the
-    two sequences. EAGLE drafts from the first step, a dynamic tree (6 nodes, 3 levels, top 2).
+    siblings drawn without replacement from q and tested in turn (recursive rejection
+    sampling), then their children; with CFG (2, 1), to halve the rows of the two sequences.
+    EAGLE drafts from the first step, a dynamic tree (6 nodes, 3 levels, top 2), drawn.
     The heads are untrained and their draft vocabulary leaves tokens 6 and 7 out."""
     vocab = learned.SAMPLED_VOCAB
     target, head, params, dist = learned.sampled_world(kind, cfg, max_tokens=12)

@@ -5,7 +5,9 @@ to its draft logits (no CFG: drafts are unguided; penalties count the output fol
 drafts already proposed this step, the history the verifier gives the same position), with
 counter-based random numbers keyed by (seed, step, position), so a seeded request drafts the
 same tokens in any batch. q is handed to the verifier, which keeps the output exact whatever q
-is; greedy requests take q's argmax.
+is; greedy requests take q's argmax. Trees (tree_children) draw each node's children one
+after another without replacement from q, which the verifier's recursive rejection sampling
+takes as it is.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..sample.processors import process_logits
 from ..sample.rejection import sample_inverse_cdf
 from ..sample.rng import DRAFT, uniform
 from .base import DraftRequest
+from .trees import Children, GrownTree, Pick, top_children
 
 
 def draft_metadata(requests: Sequence[DraftRequest], device: torch.device) -> SamplingMetadata:
@@ -91,3 +94,67 @@ def widen_vocab(
     q = 0, which the verifier handles exactly (their recovered mass comes from p)."""
     full = logits.new_full((logits.shape[0], vocab_size), float("-inf"), dtype=torch.float32)
     return full.index_copy_(1, vocab, logits.float())
+
+
+def tree_children(
+    requests: Sequence[DraftRequest],  # of the drafter's call
+    active: list[int],  # the requests growing trees, in grow_trees' order
+    vocab: torch.Tensor,  # [N] int64, the target token id of each draft column
+    vocab_size: int,
+) -> Pick:
+    """How a drafter's trees pick children (spec/trees.py): greedy requests rank them (top
+    tokens of the draft logits); sampled ones draw them without replacement from q, their
+    pipeline on the draft logits with the parent's path as penalty history, using the DRAFT
+    stream at counter (parent + 1) * width + i for the i-th draw (parent -1 for the root), so a
+    seeded request grows the same tree in any batch."""
+    ranked = top_children(vocab)
+    sampling = draft_metadata(requests, vocab.device)
+    if sampling.all_greedy and sampling.adjustments is None:
+        return ranked
+
+    def pick(logits: torch.Tensor, rows: list[tuple[int, int]], trees: list[GrownTree], width: int) -> Children:
+        top = ranked(logits, rows, trees, width)  # logits: [rows, N]
+        device = logits.device
+        requests_of_rows = torch.tensor([active[r] for r, _ in rows], dtype=torch.int64, device=device)
+        preceding = None
+        if sampling.adjustments is not None:
+            pairs = [(row, trees[r].token_ids[j]) for row, (r, parent) in enumerate(rows)
+                     for j in (trees[r].path(parent) if parent >= 0 else [])]
+            index = torch.tensor([row for row, _ in pairs], dtype=torch.int64, device=device)
+            ids = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device)
+            preceding = PrecedingTokens(index, ids, torch.ones_like(index, dtype=torch.bool))
+        q = process_logits(widen_vocab(logits, vocab, vocab_size), requests_of_rows, sampling,
+                           preceding=preceding).softmax(dim=-1)
+        first = torch.tensor([(parent + 1) * width for _, parent in rows], dtype=torch.int64, device=device)
+        drawn = draw_without_replacement(q, sampling.keys[requests_of_rows], first, width)
+        greedy = sampling.is_greedy[requests_of_rows].tolist()
+        tokens, logprobs = [], []
+        for row, (chosen, values) in enumerate(zip(top.tokens, top.logprobs)):
+            if greedy[row]:
+                tokens.append(chosen)
+                logprobs.append(values)
+                continue
+            picked = [t for t in drawn[row].tolist() if t >= 0]
+            tokens.append(picked)
+            logprobs.append(q[row, picked].log().tolist())
+        return Children(tokens, logprobs, q, [not g for g in greedy])
+
+    return pick
+
+
+def draw_without_replacement(
+    q: torch.Tensor,  # [R, V] distributions (a NaN row: the pipeline left no token)
+    keys: torch.Tensor,  # [R] int64 stream keys
+    first: torch.Tensor,  # [R] int64 counter of each row's first draw
+    count: int,
+) -> torch.Tensor:  # [R, count] int64 tokens in draw order, -1 once a row has no mass left
+    """Up to `count` tokens per row, each drawn from q with the earlier draws removed and the
+    rest renormalised (the order recursive rejection sampling assumes)."""
+    weights = q.double().nan_to_num(0.0)
+    drawn = []
+    for i in range(count):
+        alive = weights.sum(dim=-1) > 0
+        token = sample_inverse_cdf(weights, uniform(keys, first + i, DRAFT))
+        drawn.append(torch.where(alive, token, -1))
+        weights.scatter_(1, token[:, None], 0.0)
+    return torch.stack(drawn, dim=1)

@@ -34,7 +34,7 @@ from ..config import DraftCost, DynamicTree
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import draft_metadata, sample_from_draft_vocab
+from .draft_sampling import draft_metadata, sample_from_draft_vocab, tree_children
 from .features import FeatureStore
 from .heads import EagleHead
 from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
@@ -102,7 +102,8 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
-        """Trees grown top-k from the head (module docstring); the drafts are deterministic."""
+        """Trees grown from the head (module docstring): top-k for greedy requests, children
+        drawn without replacement for sampled ones (spec/trees.py)."""
         tokens: list[list[int]] = [[] for _ in requests]
         parents: list[list[int]] = [[] for _ in requests]
         # The most nodes a level feeds: a static tree's whole budget at most.
@@ -137,11 +138,12 @@ class EagleDrafter(Drafter):
                 outputs[r][j] = predicted[row]
             return self.head.logits(predicted[torch.tensor([row for _, _, row in picked], device=predicted.device)])
 
-        grown = grow_trees(shape, [requests[i].num_draft_tokens for i in active], self.head.logits(roots),
-                           self.head.draft_vocab, expand)
+        vocab = self.head.draft_vocab
+        grown, probs = grow_trees(shape, [requests[i].num_draft_tokens for i in active], self.head.logits(roots),
+                                  vocab, expand, tree_children(requests, active, vocab, self.head.config.target_vocab_size))
         for i, tree in zip(active, grown):
             tokens[i], parents[i] = tree.token_ids, tree.parents
-        return TreeBatch(tokens, parents)
+        return TreeBatch(tokens, parents, probs, replacement=False)
 
     def _start(self, requests: Sequence[DraftRequest], draft_rows: Callable[[DraftRequest], int],
                ) -> tuple[list[Feed], list[torch.Tensor], list[int]]:

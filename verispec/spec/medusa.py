@@ -17,7 +17,7 @@ import torch
 
 from ..config import DraftCost, DynamicTree
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import draft_metadata, sample_from_draft_vocab
+from .draft_sampling import draft_metadata, sample_from_draft_vocab, tree_children
 from .features import FeatureStore
 from .heads import MedusaHeads
 from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
@@ -61,9 +61,10 @@ class MedusaDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
-        """Trees grown top-k from the heads (spec/trees.py): every node at depth k draws its
-        children from head k + 1, as in Medusa's static trees (a dynamic tree ranks them by the
-        heads' confidence); no deeper than there are heads; the drafts are deterministic."""
+        """Trees grown from the heads (spec/trees.py): every node at depth k takes its children
+        from head k + 1, as in Medusa's static trees (a dynamic tree ranks them by the heads'
+        confidence); no deeper than there are heads; top-k for greedy requests, drawn without
+        replacement for sampled ones."""
         tokens: list[list[int]] = [[] for _ in requests]
         parents: list[list[int]] = [[] for _ in requests]
         active, features = self._features(requests)
@@ -78,11 +79,12 @@ class MedusaDrafter(Drafter):
         def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:  # [rows, N]
             return torch.stack([logits[trees[r].depths[j], r] for r, chosen in enumerate(nodes) for j in chosen])
 
-        grown = grow_trees(shape, [requests[i].num_draft_tokens for i in active], logits[0],
-                           self.heads.draft_vocab, expand)
+        vocab = self.heads.draft_vocab
+        grown, probs = grow_trees(shape, [requests[i].num_draft_tokens for i in active], logits[0], vocab, expand,
+                                  tree_children(requests, active, vocab, self.heads.config.target_vocab_size))
         for i, tree in zip(active, grown):
             tokens[i], parents[i] = tree.token_ids, tree.parents
-        return TreeBatch(tokens, parents)
+        return TreeBatch(tokens, parents, probs, replacement=False)
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:

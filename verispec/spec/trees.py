@@ -1,5 +1,5 @@
 """Draft trees: the batch a drafter hands over (TreeBatch), tree shapes, and growing trees
-top-k from a drafter's distributions (grow_trees).
+from a drafter's distributions (grow_trees), top-k or sampled.
 
 Terms: the *root* is the request's newest token (never a node); a node's *depth* is 1 for the
 root's children; a drafter *expands* a node by computing the draft distribution of its
@@ -15,6 +15,15 @@ A DynamicTree grows by draft confidence, as EAGLE-2 does: a node's *score* is th
 draft log-probabilities along its path; at each depth the top_k best-scored nodes are expanded
 with their top_k children each, up to `depth`, and the `nodes` best-scored nodes of all those
 drawn are kept (a child never outscores its parent, so they form a tree).
+
+Children are *ranked* (a row's most likely tokens: deterministic drafts, and greedy requests)
+or *drawn*: for a sampled request, a row's children are drawn one after another without
+replacement from q (the request's pipeline on the draft logits), and each node carries the q it
+was drawn from, for the verifier's recursive rejection sampling (sample/tree.py). That rule
+is exact only if a sibling group is a prefix of its draws whose length does not depend on the
+drawn tokens themselves, so a drawn dynamic tree is not re-ranked at the end: each level
+expands the top_k best-scored nodes of the level before (decided by draws already made) and
+their children fill the node budget in order; the rank of a drawn node is its draw's place.
 """
 
 from __future__ import annotations
@@ -99,12 +108,14 @@ class GrownTree:
     parents: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)  # the row of grow_trees' q rows each node was drawn from
 
-    def add(self, token: int, parent: int, score: float) -> None:
+    def add(self, token: int, parent: int, score: float, source: int = -1) -> None:
         self.token_ids.append(token)
         self.parents.append(parent)
         self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
         self.scores.append(score)
+        self.sources.append(source)
 
     def path(self, node: int) -> list[int]:
         """The node's ancestors and itself, root side first."""
@@ -123,11 +134,33 @@ class GrownTree:
         tree = GrownTree()
         for j in kept:
             tree.add(self.token_ids[j], index[self.parents[j]] if self.parents[j] >= 0 else -1,
-                     self.scores[j])
+                     self.scores[j], self.sources[j])
         return tree
 
 
 Expand = Callable[[list[GrownTree], list[list[int]]], torch.Tensor]
+
+
+class Children(NamedTuple):
+    """The children a level draws, one entry per expanded row (rows as in `expand`)."""
+
+    tokens: list[list[int]]  # per row: most likely first (ranked), or in draw order (drawn)
+    logprobs: list[list[float]]  # per row: each child's draft log-probability
+    probs: torch.Tensor | None  # [rows, V] the distribution each row's children were drawn from, or None
+    drawn: list[bool]  # per row: sampled without replacement (True) or the top tokens (False)
+
+
+Pick = Callable[[torch.Tensor, list[tuple[int, int]], list[GrownTree], int], Children]
+
+
+def top_children(vocab: torch.Tensor) -> Pick:  # vocab: [N] int64, the token id of each column
+    """Deterministic children: each row's `width` most likely tokens."""
+
+    def pick(logits: torch.Tensor, rows: list[tuple[int, int]], trees: list[GrownTree], width: int) -> Children:
+        top = logits.float().log_softmax(-1).topk(min(width, logits.shape[-1]), dim=-1)  # logits: [rows, N]
+        return Children(vocab[top.indices].tolist(), top.values.tolist(), None, [False] * len(rows))
+
+    return pick
 
 
 def grow_trees(
@@ -136,10 +169,14 @@ def grow_trees(
     root_logits: torch.Tensor,  # [R, N] draft logits of the root's children, one row per request
     vocab: torch.Tensor,  # [N] int64, the target token id of each column
     expand: Expand,
-) -> list[GrownTree]:
+    pick: Pick | None = None,
+) -> tuple[list[GrownTree], torch.Tensor | None]:  # trees, q rows [total nodes, V] or None
     """Grows one tree per request (module docstring). `expand(trees, nodes)` returns the draft
     logits of the children of nodes[r] of trees[r] ([sum(len(n) for n in nodes), N], rows in
-    that order); it is called once per level, for all requests together."""
+    that order); it is called once per level, for all requests together. `pick` chooses each
+    expanded row's children (default: top_children); when it samples, the second result holds
+    the distribution each node was drawn from, requests concatenated in node order."""
+    pick = pick or top_children(vocab)
     trees = [GrownTree() for _ in budgets]
     if isinstance(shape, DynamicTree):
         plans = None
@@ -149,38 +186,64 @@ def grow_trees(
         shape = tuple(min(b, root_logits.shape[-1]) for b in shape)
         plans = [static_tree(shape, budget) for budget in budgets]
         width, levels = max(shape), len(shape)
-    logprobs = root_logits.float().log_softmax(-1)
-    parents_of_rows: list[tuple[int, int]] = [(r, -1) for r in range(len(trees))]
+    # Static trees: the grown index of each planned node (a drawn node may be missing: its
+    # parent's distribution had fewer tokens than the shape asks for).
+    grown_of_plan: list[dict[int, int]] = [{-1: -1} for _ in budgets]
+    level_probs: list[torch.Tensor] = []
+    rows: list[tuple[int, int]] = [(r, -1) for r in range(len(trees))]
+    logits = root_logits
+    drawn = [False] * len(trees)
     for depth in range(1, levels + 1):
-        top = logprobs.topk(min(width, logprobs.shape[-1]), dim=-1)
-        tokens, values = vocab[top.indices].tolist(), top.values.tolist()
-        for row, (r, parent) in enumerate(parents_of_rows):
+        children = pick(logits, rows, trees, width)
+        offset = sum(p.shape[0] for p in level_probs)  # of this level's q rows
+        if children.probs is not None:
+            level_probs.append(children.probs)
+        for row, (r, parent) in enumerate(rows):
+            drawn[r] = drawn[r] or children.drawn[row]
             base = 0.0 if parent < 0 else trees[r].scores[parent]
-            if plans is None:
-                ranks = range(len(tokens[row]))
+            count = len(children.tokens[row])
+            if plans is not None:
+                # Grown nodes follow the plan's breadth-first order.
+                planned = [(i, n.rank) for i, n in enumerate(plans[r])
+                           if n.depth == depth and grown_of_plan[r].get(n.parent) == parent]
+            elif drawn[r]:
+                # Sampled siblings must be a prefix of their draws, whatever the draws were:
+                # they fill the budget in order instead of being kept by score.
+                planned = [(None, rank) for rank in range(min(count, budgets[r] - len(trees[r].token_ids)))]
             else:
-                # Grown nodes follow the plan's breadth-first order: plan index = grown index.
-                ranks = [n.rank for n in plans[r] if n.depth == depth and n.parent == parent]
-            for rank in ranks:
-                trees[r].add(tokens[row][rank], parent, base + values[row][rank])
+                planned = [(None, rank) for rank in range(count)]
+            for index, rank in planned:
+                if rank >= count:
+                    continue
+                if index is not None:
+                    grown_of_plan[r][index] = len(trees[r].token_ids)
+                trees[r].add(children.tokens[row][rank], parent, base + children.logprobs[row][rank],
+                             offset + row)
         if depth == levels:
             break
-        nodes = [_to_expand(tree, depth, plan, width) for tree, plan in
-                 zip(trees, plans if plans is not None else [None] * len(trees))]
-        parents_of_rows = [(r, j) for r, chosen in enumerate(nodes) for j in chosen]
-        if not parents_of_rows:
+        # A drawn tree's budget is final once full (no re-ranking): nothing more to expand.
+        nodes = [[] if drawn[r] and len(tree.token_ids) >= budgets[r] else _to_expand(tree, depth, plan, width, grown)
+                 for r, (tree, plan, grown) in
+                 enumerate(zip(trees, plans if plans is not None else [None] * len(trees), grown_of_plan))]
+        rows = [(r, j) for r, chosen in enumerate(nodes) for j in chosen]
+        if not rows:
             break
-        logprobs = expand(trees, nodes).float().log_softmax(-1)
+        logits = expand(trees, nodes)
     if plans is None:
-        return [tree.best(budget) for tree, budget in zip(trees, budgets)]
-    return trees
+        trees = [tree if sampled else tree.best(budget) for tree, budget, sampled in zip(trees, budgets, drawn)]
+    if not level_probs:
+        return trees, None
+    probs = torch.cat(level_probs)
+    return trees, probs[torch.tensor([row for tree in trees for row in tree.sources], dtype=torch.int64,
+                                     device=probs.device)]
 
 
-def _to_expand(tree: GrownTree, depth: int, plan: list[TreeNode] | None, width: int) -> list[int]:
+def _to_expand(tree: GrownTree, depth: int, plan: list[TreeNode] | None, width: int,
+               grown_of_plan: dict[int, int]) -> list[int]:
     """The nodes at `depth` to expand next: those with children in a static plan, or the
     `width` best-scored (dynamic)."""
     level = [j for j, d in enumerate(tree.depths) if d == depth]
     if plan is not None:
-        with_children = {n.parent for n in plan if n.depth == depth + 1}
+        with_children = {grown_of_plan.get(n.parent) for n in plan if n.depth == depth + 1}
         return [j for j in level if j in with_children]
     return sorted(sorted(level, key=lambda j: (-tree.scores[j], j))[:width])
