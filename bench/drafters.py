@@ -8,13 +8,15 @@ same weights:
   ratio to no speculation; per category too (JSON);
 - batch 16 (every prompt at once, in batches of 16), greedy: aggregate output tok/s, with the
   engine's adaptive K, whose job is never to make speculation slower than none;
-- with --adaptive-batch1, batch 1 greedy with the adaptive K too.
+- with --adaptive-batch1, batch 1 greedy with the adaptive K too;
+- with --trees, Medusa and EAGLE also draft those trees (spec/trees.py) in every run.
 Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K. Engines
 take turns prompt by prompt (batch by batch), so drift in the machine's speed hits all alike.
 
     python bench/drafters.py                        # 2 prompts per category, K = 4
     python bench/drafters.py --per-category 10 --max-tokens 128
     python bench/drafters.py --threads 1 --adaptive-batch1
+    python bench/drafters.py --trees 3 4,1    # learned drafters with trees beside their chains
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ import torch
 from common import write_json
 
 from verispec import SamplingParams
+from verispec.config import parse_tree
 from verispec.engine.llm import LLM
 from verispec.spec.metrics import SpecDecodeStats
 
 PROMPTS = Path(__file__).parent / "prompts" / "spec_bench.jsonl"
 DRAFTERS = ("none", "ngram", "medusa", "eagle")
+KV_GIB = 0.5  # per tree engine: enough for 16 requests, and a dozen engines fit in memory
 
 
 def load(per_category: int) -> list[dict[str, str]]:
@@ -48,8 +52,14 @@ def load(per_category: int) -> list[dict[str, str]]:
     return chosen
 
 
-def engines(k: int, adaptive: bool) -> dict[str, LLM]:
-    return {name: LLM(draft=name, num_speculative_tokens=k, adaptive=adaptive, progress=False) for name in DRAFTERS}
+def engines(k: int, adaptive: bool, trees: list[str]) -> dict[str, LLM]:
+    """One engine per drafter, and per tree shape one per learned drafter ("eagle tree 3")."""
+    llms = {name: LLM(draft=name, num_speculative_tokens=k, adaptive=adaptive, progress=False) for name in DRAFTERS}
+    for text in trees:
+        for name in ("medusa", "eagle"):
+            llms[f"{name} tree {text}"] = LLM(draft=name, tree=parse_tree(text), adaptive=adaptive,
+                                              kv_cache_gib=KV_GIB, progress=False)
+    return llms
 
 
 def chat_ids(llm: LLM, text: str) -> list[int]:
@@ -117,6 +127,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--adaptive-batch1", action="store_true", help="also batch 1 greedy with the adaptive K")
     parser.add_argument("--adaptive-only", action="store_true", help="skip the fixed-K batch-1 rows")
+    parser.add_argument("--trees", nargs="*", default=[], metavar="B1,B2,...|dynamic:N,D,K",
+                        help="also Medusa and EAGLE with these draft trees (K does not apply to them)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -124,14 +136,14 @@ def main() -> None:
     rows = []
     print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, K = {args.k}, "
           f"{args.threads} threads")
-    print(f"{'batch':>5} {'mode':>7} {'K':>8} {'drafter':>7} {'tok/s':>7} {'x none':>6} {'accept len':>10} "
+    print(f"{'batch':>5} {'mode':>7} {'K':>8} {'drafter':>18} {'tok/s':>7} {'x none':>6} {'accept len':>10} "
           f"{'rows/step':>9}")
 
     def report(batch: int, mode: str, k: str, results: dict[str, dict]) -> None:
         for name, r in results.items():
             ratio = r["tok_s"] / results["none"]["tok_s"]
             same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" and "outputs" in r else None
-            print(f"{batch:>5} {mode:>7} {k:>8} {name:>7} {r['tok_s']:7.1f} {ratio:6.2f} "
+            print(f"{batch:>5} {mode:>7} {k:>8} {name:>18} {r['tok_s']:7.1f} {ratio:6.2f} "
                   f"{r['mean_acceptance_length']:10.2f} {r['rows_per_step']:9.2f}"
                   + ("" if same is None else f"   same tokens as none: {same}"))
             rows.append({"batch": batch, "mode": mode, "k": k, "drafter": name, "speedup_vs_none": ratio,
@@ -139,11 +151,11 @@ def main() -> None:
 
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     if not args.adaptive_only:
-        fixed = engines(args.k, adaptive=False)
+        fixed = engines(args.k, adaptive=False, trees=args.trees)
         for mode, params in (("greedy", greedy), ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
             report(1, mode, str(args.k), run_batch1(fixed, prompts, params))
         del fixed
-    adaptive = engines(args.k, adaptive=True)
+    adaptive = engines(args.k, adaptive=True, trees=args.trees)
     if args.adaptive_batch1:
         report(1, "greedy", "adaptive", run_batch1(adaptive, prompts, greedy))
     report(args.batch, "greedy", "adaptive", run_batches(adaptive, prompts, greedy, args.batch))
