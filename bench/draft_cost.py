@@ -1,11 +1,12 @@
 """What drafting costs, in units of the target step's fixed cost a (verispec.config.DraftCost).
 
 Runs the engine with each drafter at a fixed K (1..4) and batch 1 and `--batch`, greedy, and
-times every target forward pass and every drafter call. a comes from the target passes of the
-same run, a = median(pass seconds / (1 + row_cost * padded rows)), so slowness of the machine
-(a job beside it) cancels out of the ratios. Prints, per drafter, the median cost of a call in
+times every target forward pass and every drafter call. a and the row cost come from the target
+passes of the same run (a pass over R rows: a + b * padded rows, least squares; row_cost =
+b / a, what SpeculativeConfig.row_cost should be), so slowness of the machine (a job beside it)
+cancels out of the ratios. Prints, per drafter, the median cost of a call in
 units of a by (depth, drafting requests) and the least-squares DraftCost fit, the numbers the
-drafters declare (Drafter.draft_cost).
+drafters declare (Drafter.draft_cost), and the fitted row cost.
 
     python bench/draft_cost.py --threads 2
 """
@@ -58,6 +59,20 @@ def run(k: int, prompts: list[list[int]], params: SamplingParams, llm: LLM) -> t
     return passes, calls
 
 
+def fit_pass_cost(passes: list[tuple[int, int, float]], padded_rows) -> tuple[float, float]:
+    """The target pass's cost a + b * padded rows, fitted by least squares to the median
+    seconds of each padded row count (decode-sized passes, 32 rows at most): (a, b / a)."""
+    cells = defaultdict(list)
+    for rows, _, seconds in passes:
+        if rows <= 32:
+            cells[padded_rows(rows)].append(seconds)
+    keys = sorted(k for k, v in cells.items() if len(v) >= 3)
+    x = torch.tensor([[1.0, k] for k in keys], dtype=torch.float64)
+    y = torch.tensor([statistics.median(cells[k]) for k in keys], dtype=torch.float64)
+    a, b = torch.linalg.lstsq(x, y[:, None]).solution[:, 0].tolist()
+    return a, b / a
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", default="ngram,medusa,eagle")
@@ -68,7 +83,6 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("bench/results/draft_cost.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    row_cost = SpeculativeConfig.row_cost
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     texts = [row["prompt"] for row in load(max(args.prompts, -(-args.batch // 6)))]
     results = []
@@ -83,7 +97,7 @@ def main() -> None:
                     p, c = run(k, chosen[start : start + batch], params, llm)
                     passes += p
                     calls += c
-        a = statistics.median(s / (1 + row_cost * llm.model.padded_rows(r)) for r, _, s in passes if r <= 64)
+        a, row_cost = fit_pass_cost(passes, llm.model.padded_rows)
         cells = defaultdict(list)
         for depth, n, seconds in calls:
             cells[(depth, n)].append(seconds / a)
@@ -92,11 +106,12 @@ def main() -> None:
         x = torch.tensor([[1.0, n, d, d * n] for d, n in keys], dtype=torch.float64)
         y = torch.tensor([statistics.median(cells[key]) for key in keys], dtype=torch.float64)
         fit = torch.linalg.lstsq(x, y[:, None]).solution[:, 0].clamp(min=0).tolist()
-        print(f"{name}: a = {1000 * a:.1f} ms; DraftCost(per_call={fit[0]:.4f}, per_request={fit[1]:.4f}, "
+        print(f"{name}: a = {1000 * a:.1f} ms, row_cost = {row_cost:.3f} "
+              f"(SpeculativeConfig.row_cost: {SpeculativeConfig.row_cost}); DraftCost(per_call={fit[0]:.4f}, per_request={fit[1]:.4f}, "
               f"per_position={fit[2]:.4f}, per_row={fit[3]:.4f})")
         for key, value in zip(keys, y.tolist()):
             print(f"  depth {key[0]} requests {key[1]:>2}: {value:.4f} a  ({len(cells[key])} calls)")
-        results.append({"drafter": name, "a_seconds": a, "fit": dict(zip(
+        results.append({"drafter": name, "a_seconds": a, "row_cost": row_cost, "fit": dict(zip(
             ("per_call", "per_request", "per_position", "per_row"), fit)),
             "cells": {f"{d},{n}": statistics.median(cells[(d, n)]) for d, n in keys}})
         del llm

@@ -129,15 +129,19 @@ def test_a_dynamic_tree_counts_its_node_budget() -> None:
         DynamicTree(top_k=True)
 
 
-def _drawn_picker(table: dict[int, list[int]], vocab_size: int = 16):
+def _drawn_picker(table: dict[int, list[int]], priors: dict[int, list[float]] | None = None, vocab_size: int = 16):
     """A picker that 'draws' fixed children per parent token (-1: the root), each with log q of
-    -1 per rank, and hands out one q row per expanded row: one-hot at the row's index, so the
-    tests can tell which row each node was drawn from."""
+    -3, its parent's distribution having the largest log-probabilities `priors[token]` (default
+    -1, -2, ...); one q row per expanded row, one-hot at the row's index, so the tests can tell
+    which row each node was drawn from."""
+    priors = priors or {}
 
     def pick(logits, rows, trees, width):
-        tokens = [table[-1 if parent < 0 else trees[r].token_ids[parent]][:width] for r, parent in rows]
+        parents = [-1 if parent < 0 else trees[r].token_ids[parent] for r, parent in rows]
+        tokens = [table[t][:width] for t in parents]
+        top = [priors.get(t, [-1.0 - i for i in range(width)])[:width] for t in parents]
         probs = torch.eye(len(rows), vocab_size)
-        return Children(tokens, [[-1.0 - i for i in range(len(t))] for t in tokens], probs, [True] * len(rows))
+        return Children(tokens, [[-3.0] * len(t) for t in tokens], probs, [True] * len(rows), top)
 
     return pick
 
@@ -146,18 +150,24 @@ def _level_expand(trees, nodes):
     return torch.zeros(sum(len(n) for n in nodes), 4)
 
 
-def test_a_drawn_dynamic_tree_fills_its_budget_in_draw_order_without_reranking() -> None:
-    """Siblings stay a prefix of their draws: the budget cuts the last draws of the last parent,
-    never a draw by its score (re-ranking would keep a sibling depending on its own token,
-    which recursive rejection sampling cannot allow)."""
-    table = {-1: [1, 2], 1: [3, 4], 2: [5, 6], 3: [7, 8], 5: [9, 10]}
+def test_a_drawn_dynamic_tree_shares_its_budget_by_level_and_prior_without_reranking() -> None:
+    """Siblings stay a prefix of their draws: each level keeps ceil(left / levels left) nodes,
+    given to the draw slots of best prior (parent score + the parent distribution's i-th
+    largest log-probability), never by a draw's own score (re-ranking would keep a sibling
+    depending on its own token, which recursive rejection sampling cannot allow)."""
+    table = {-1: [1, 2], 1: [3, 4], 2: [5, 6], 3: [7, 8], 4: [9, 10], 5: [11, 12], 6: [13, 14]}
+    # Token 1's distribution is peaked, token 2's flat: at depth 2 both take one of the two slots.
+    priors = {1: [-0.1, -5.0], 2: [-0.2, -0.3]}
     shape = DynamicTree(nodes=5, depth=3, top_k=2)
-    (tree,), probs = grow_trees(shape, [5], torch.zeros(1, 4), VOCAB, _level_expand, _drawn_picker(table))
-    assert tree.token_ids == [1, 2, 3, 4, 5]
-    assert tree.parents == [-1, -1, 0, 0, 1]
-    # Each node carries the q row of the level row it was drawn from: root row, then the
-    # second level's rows (parent 1, parent 2).
-    assert probs.argmax(dim=-1).tolist() == [0, 0, 0, 0, 1]
+    (tree,), probs = grow_trees(shape, [5], torch.zeros(1, 4), VOCAB, _level_expand, _drawn_picker(table, priors))
+    # Depth 1: ceil(5 / 3) = 2 slots, both root draws. Depth 2: ceil(3 / 2) = 2 slots: the
+    # first draws of 1 (-3.1) and 2 (-3.2) beat 2's second (-3.3) and 1's second (-8).
+    # Depth 3: 1 slot; 3 and 5 are expanded (both score -6) and 3's first draw wins the tie.
+    assert tree.token_ids == [1, 2, 3, 5, 7]
+    assert tree.parents == [-1, -1, 0, 1, 2]
+    # Each node carries the q row of the level row it was drawn from: root row, the second
+    # level's rows (parents 1, 2), the third level's first row.
+    assert probs.argmax(dim=-1).tolist() == [0, 0, 0, 1, 0]
     assert probs.shape == (5, 16)
 
 

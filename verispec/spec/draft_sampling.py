@@ -128,16 +128,19 @@ def tree_children(
         first = torch.tensor([(parent + 1) * width for _, parent in rows], dtype=torch.int64, device=device)
         drawn = draw_without_replacement(q, sampling.keys[requests_of_rows], first, width)
         greedy = sampling.is_greedy[requests_of_rows].tolist()
-        tokens, logprobs = [], []
+        largest = q.topk(min(width, q.shape[-1]), dim=-1).values.log().tolist()
+        tokens, logprobs, priors = [], [], []
         for row, (chosen, values) in enumerate(zip(top.tokens, top.logprobs)):
             if greedy[row]:
                 tokens.append(chosen)
                 logprobs.append(values)
+                priors.append(values)
                 continue
             picked = [t for t in drawn[row].tolist() if t >= 0]
             tokens.append(picked)
             logprobs.append(q[row, picked].log().tolist())
-        return Children(tokens, logprobs, q, [not g for g in greedy])
+            priors.append(largest[row])
+        return Children(tokens, logprobs, q, [not g for g in greedy], priors)
 
     return pick
 

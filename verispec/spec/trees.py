@@ -23,7 +23,9 @@ was drawn from, for the verifier's recursive rejection sampling (sample/tree.py)
 is exact only if a sibling group is a prefix of its draws whose length does not depend on the
 drawn tokens themselves, so a drawn dynamic tree is not re-ranked at the end: each level
 expands the top_k best-scored nodes of the level before (decided by draws already made) and
-their children fill the node budget in order; the rank of a drawn node is its draw's place.
+keeps its share of the remaining budget, given to the draw slots of best prior score (the
+parent's score plus its distribution's i-th largest log-probability for the i-th draw, known
+before drawing); the rank of a drawn node is its draw's place.
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ class Children(NamedTuple):
     logprobs: list[list[float]]  # per row: each child's draft log-probability
     probs: torch.Tensor | None  # [rows, V] the distribution each row's children were drawn from, or None
     drawn: list[bool]  # per row: sampled without replacement (True) or the top tokens (False)
+    top_logprobs: list[list[float]]  # per row: its distribution's largest log-probabilities, descending
 
 
 Pick = Callable[[torch.Tensor, list[tuple[int, int]], list[GrownTree], int], Children]
@@ -158,7 +161,8 @@ def top_children(vocab: torch.Tensor) -> Pick:  # vocab: [N] int64, the token id
 
     def pick(logits: torch.Tensor, rows: list[tuple[int, int]], trees: list[GrownTree], width: int) -> Children:
         top = logits.float().log_softmax(-1).topk(min(width, logits.shape[-1]), dim=-1)  # logits: [rows, N]
-        return Children(vocab[top.indices].tolist(), top.values.tolist(), None, [False] * len(rows))
+        values = top.values.tolist()
+        return Children(vocab[top.indices].tolist(), values, None, [False] * len(rows), values)
 
     return pick
 
@@ -198,20 +202,18 @@ def grow_trees(
         offset = sum(p.shape[0] for p in level_probs)  # of this level's q rows
         if children.probs is not None:
             level_probs.append(children.probs)
-        for row, (r, parent) in enumerate(rows):
+        for row, (r, _) in enumerate(rows):
             drawn[r] = drawn[r] or children.drawn[row]
+        quotas = _drawn_quotas(shape, depth, budgets, trees, rows, children, drawn) if plans is None else {}
+        for row, (r, parent) in enumerate(rows):
             base = 0.0 if parent < 0 else trees[r].scores[parent]
             count = len(children.tokens[row])
             if plans is not None:
                 # Grown nodes follow the plan's breadth-first order.
                 planned = [(i, n.rank) for i, n in enumerate(plans[r])
                            if n.depth == depth and grown_of_plan[r].get(n.parent) == parent]
-            elif drawn[r]:
-                # Sampled siblings must be a prefix of their draws, whatever the draws were:
-                # they fill the budget in order instead of being kept by score.
-                planned = [(None, rank) for rank in range(min(count, budgets[r] - len(trees[r].token_ids)))]
             else:
-                planned = [(None, rank) for rank in range(count)]
+                planned = [(None, rank) for rank in range(quotas.get(row, count))]
             for index, rank in planned:
                 if rank >= count:
                     continue
@@ -236,6 +238,28 @@ def grow_trees(
     probs = torch.cat(level_probs)
     return trees, probs[torch.tensor([row for tree in trees for row in tree.sources], dtype=torch.int64,
                                      device=probs.device)]
+
+
+def _drawn_quotas(shape: DynamicTree, depth: int, budgets: Sequence[int], trees: list[GrownTree],
+                  rows: list[tuple[int, int]], children: Children, drawn: list[bool]) -> dict[int, int]:
+    """How many of its draws each row of a drawn dynamic tree keeps at `depth`: the level gets
+    its share of the remaining budget (ceil(left / levels left), so the tree reaches its depth),
+    given to the draw slots of best *prior* score, a slot's prior being its parent's score plus
+    the parent distribution's i-th largest log-probability for the i-th draw. Priors are known
+    before the draws, so what a row keeps never depends on what it drew."""
+    slots: dict[int, list[tuple[float, int, int]]] = {}
+    for row, (r, parent) in enumerate(rows):
+        if drawn[r]:
+            base = 0.0 if parent < 0 else trees[r].scores[parent]
+            prior = children.top_logprobs[row][: len(children.tokens[row])]
+            slots.setdefault(r, []).extend((-(base + value), row, i) for i, value in enumerate(prior))
+    quotas = {row: 0 for row, (r, _) in enumerate(rows) if drawn[r]}
+    for r, candidates in slots.items():
+        left = budgets[r] - len(trees[r].token_ids)
+        share = -(-left // (shape.depth - depth + 1))
+        for _, row, _ in sorted(candidates)[:share]:
+            quotas[row] += 1
+    return quotas
 
 
 def _to_expand(tree: GrownTree, depth: int, plan: list[TreeNode] | None, width: int,
