@@ -88,8 +88,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                              "drafts). B1,B2,...: a static tree with B1 children of the root, B2 of each "
                              "of those, ... (e.g. 3,2,1). dynamic[:N,D,K]: EAGLE-2's tree grown by draft "
                              "confidence, N nodes, D levels, the K best nodes expanded per level with K "
-                             "children each (default dynamic:16,5,4); EAGLE and Medusa grow trees, "
-                             "n-gram fills tries, a draft model drafts a chain")
+                             "children each (default dynamic:16,5,4); EAGLE and Medusa grow trees "
+                             "(the likeliest children when greedy, children drawn from the draft "
+                             "distribution when sampling), n-gram fills tries, a draft model drafts a "
+                             "chain")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and KV cache (default: float32); bfloat16 halves their memory "
                              "and, at batch 1, the bytes read per token")
