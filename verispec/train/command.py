@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "kind": args.kind, "model": args.model or "embedded SmolLM2-135M-Instruct",
         "prompts": len(training), "answers": len(dataset), "output_tokens": dataset.num_output_tokens,
-        "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab, "epochs": args.epochs,
+        "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab,
         "train_config": dataclasses.asdict(train_config), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "held_out_prompts": len(held_out), "k": args.num_speculative_tokens,
         "mean_acceptance_length_untrained": before, "mean_acceptance_length_trained": after,
