@@ -4,11 +4,11 @@ On the evaluation prompts (bench/prompts/spec_bench.jsonl), chat-rendered, fp32,
 one process on the same weights: for chains of K drafts (verified token by token, and as a
 block: SpeculativeConfig.verification="block") and for trees (SpeculativeConfig.tree:
 static shapes and EAGLE-2 dynamic trees; top-k children when greedy, drawn without
-replacement from q when sampled), greedy and temperature 0.7 (seeded), the mean tokens emitted per verify step (accepted drafts + 1), the verify rows per
-step (drafts + 1, the target's cost per step; both over steps with drafts, as vLLM counts
-acceptance) and output tokens per second. Rows are printed by planned verify rows; a tree's
-or block's "x chain" is its acceptance length over that of the token-verified chain with as
-many rows (when one ran).
+replacement from q when sampled), greedy and temperature 0.7 (seeded), the mean tokens
+emitted per verify step (accepted drafts + 1), the verify rows per step (drafts + 1, the
+target's cost per step; both over steps with drafts, as vLLM counts acceptance) and output
+tokens per second. Rows are printed by planned verify rows; a tree's or block's "x chain" is
+its acceptance length over that of the token-verified chain with as many rows (when one ran).
 Greedy rows also say whether the tokens equal those of decoding without drafts (they must).
 
     python bench/trees.py                                   # 2 prompts per category, EAGLE

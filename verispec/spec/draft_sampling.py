@@ -22,7 +22,7 @@ from ..sample.processors import process_logits
 from ..sample.rejection import sample_inverse_cdf
 from ..sample.rng import DRAFT, uniform
 from .base import DraftRequest
-from .trees import Children, GrownTree, Pick, top_children
+from .trees import Children, Expand, GrownTree, Pick, TreeBatch, TreeShape, grow_trees, top_children
 
 
 def draft_metadata(requests: Sequence[DraftRequest], device: torch.device) -> SamplingMetadata:
@@ -48,17 +48,21 @@ def sample_drafts(
     tells the caller which rows are usable."""
     device = logits.device
     rows = torch.tensor(active, dtype=torch.int64, device=device)
-    preceding = None
-    if sampling.adjustments is not None:
-        pairs = [(r, t) for r, tokens in enumerate(drafted) for t in tokens]
-        index = torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device)
-        ids = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device)
-        preceding = PrecedingTokens(index, ids, torch.ones_like(index, dtype=torch.bool))
-    q = process_logits(logits, rows, sampling, preceding=preceding).softmax(dim=-1)
+    q = process_logits(logits, rows, sampling, preceding=_preceding(sampling, drafted, device)).softmax(dim=-1)
     positions = torch.full((len(active),), position, dtype=torch.int64, device=device)
     sampled = sample_inverse_cdf(q, uniform(sampling.keys[rows], positions, DRAFT))
     tokens = torch.where(sampling.is_greedy[rows], q.argmax(dim=-1), sampled)
     return tokens.tolist(), q
+
+
+def _preceding(sampling: SamplingMetadata, drafted: list[list[int]], device: torch.device) -> PrecedingTokens | None:
+    """Each row's drafts so far as penalty history (None when no request adjusts its logits)."""
+    if sampling.adjustments is None:
+        return None
+    pairs = [(r, t) for r, tokens in enumerate(drafted) for t in tokens]
+    index = torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device)
+    ids = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device)
+    return PrecedingTokens(index, ids, torch.ones_like(index, dtype=torch.bool))
 
 
 def drafted_rows(q: torch.Tensor) -> list[bool]:  # q: [R, V] from sample_drafts
@@ -116,15 +120,9 @@ def tree_children(
         top = ranked(logits, rows, trees, width)  # logits: [rows, N]
         device = logits.device
         requests_of_rows = torch.tensor([active[r] for r, _ in rows], dtype=torch.int64, device=device)
-        preceding = None
-        if sampling.adjustments is not None:
-            pairs = [(row, trees[r].token_ids[j]) for row, (r, parent) in enumerate(rows)
-                     for j in (trees[r].path(parent) if parent >= 0 else [])]
-            index = torch.tensor([row for row, _ in pairs], dtype=torch.int64, device=device)
-            ids = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device)
-            preceding = PrecedingTokens(index, ids, torch.ones_like(index, dtype=torch.bool))
+        paths = [[trees[r].token_ids[j] for j in trees[r].path(parent)] if parent >= 0 else [] for r, parent in rows]
         q = process_logits(widen_vocab(logits, vocab, vocab_size), requests_of_rows, sampling,
-                           preceding=preceding).softmax(dim=-1)
+                           preceding=_preceding(sampling, paths, device)).softmax(dim=-1)
         first = torch.tensor([(parent + 1) * width for _, parent in rows], dtype=torch.int64, device=device)
         drawn = draw_without_replacement(q, sampling.keys[requests_of_rows], first, width)
         greedy = sampling.is_greedy[requests_of_rows].tolist()
@@ -143,6 +141,26 @@ def tree_children(
         return Children(tokens, logprobs, q, [not g for g in greedy], priors)
 
     return pick
+
+
+def grow_tree_batch(
+    requests: Sequence[DraftRequest],  # of the drafter's call
+    active: list[int],  # the requests growing trees (at least one), one root row each
+    shape: TreeShape,
+    root_logits: torch.Tensor,  # [len(active), N] draft logits of the roots' children
+    vocab: torch.Tensor,  # [N] int64, the target token id of each draft column
+    vocab_size: int,
+    expand: Expand,
+) -> TreeBatch:
+    """A head drafter's trees for the call: grow_trees over the active requests' budgets,
+    children picked by tree_children; requests that do not draft get empty trees."""
+    grown, probs = grow_trees(shape, [requests[i].num_draft_tokens for i in active], root_logits, vocab, expand,
+                              tree_children(requests, active, vocab, vocab_size))
+    tokens: list[list[int]] = [[] for _ in requests]
+    parents: list[list[int]] = [[] for _ in requests]
+    for i, tree in zip(active, grown):
+        tokens[i], parents[i] = tree.token_ids, tree.parents
+    return TreeBatch(tokens, parents, probs, replacement=False)
 
 
 def draw_without_replacement(

@@ -34,10 +34,10 @@ from ..config import DraftCost, DynamicTree
 from ..engine.kv_cache import BlockManager
 from ..engine.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import draft_metadata, sample_from_draft_vocab, tree_children
+from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import EagleHead
-from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
+from .trees import GrownTree, TreeBatch, TreeShape
 
 
 # One head pass per draft position (the first also feeds the newly confirmed features): the
@@ -104,13 +104,11 @@ class EagleDrafter(Drafter):
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
         """Trees grown from the head (module docstring): top-k for greedy requests, children
         drawn without replacement for sampled ones (spec/trees.py)."""
-        tokens: list[list[int]] = [[] for _ in requests]
-        parents: list[list[int]] = [[] for _ in requests]
         # The most nodes a level feeds: a static tree's whole budget at most.
         fed_rows = shape.max_fed_nodes() if isinstance(shape, DynamicTree) else None
         feeds, features, active = self._start(requests, lambda r: fed_rows or r.num_draft_tokens)
         if not active:
-            return TreeBatch(tokens, parents)
+            return TreeBatch.empty(len(requests))
         step = self.runner.inputs(feeds)
         roots = self.head(torch.cat(features), step.input_ids, step.positions, step.attn,
                           self.runner.kv_caches).index_select(0, step.logits_rows)  # [R, d]
@@ -138,12 +136,8 @@ class EagleDrafter(Drafter):
                 outputs[r][j] = predicted[row]
             return self.head.logits(predicted[torch.tensor([row for _, _, row in picked], device=predicted.device)])
 
-        vocab = self.head.draft_vocab
-        grown, probs = grow_trees(shape, [requests[i].num_draft_tokens for i in active], self.head.logits(roots),
-                                  vocab, expand, tree_children(requests, active, vocab, self.head.config.target_vocab_size))
-        for i, tree in zip(active, grown):
-            tokens[i], parents[i] = tree.token_ids, tree.parents
-        return TreeBatch(tokens, parents, probs, replacement=False)
+        return grow_tree_batch(requests, active, shape, self.head.logits(roots), self.head.draft_vocab,
+                               self.head.config.target_vocab_size, expand)
 
     def _start(self, requests: Sequence[DraftRequest], draft_rows: Callable[[DraftRequest], int],
                ) -> tuple[list[Feed], list[torch.Tensor], list[int]]:

@@ -17,10 +17,10 @@ import torch
 
 from ..config import DraftCost, DynamicTree
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import draft_metadata, sample_from_draft_vocab, tree_children
+from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab
 from .features import FeatureStore
 from .heads import MedusaHeads
-from .trees import GrownTree, TreeBatch, TreeShape, grow_trees
+from .trees import GrownTree, TreeBatch, TreeShape
 
 
 # One call: `depth` residual blocks and one product with the restricted LM head (8192 of the
@@ -65,11 +65,9 @@ class MedusaDrafter(Drafter):
         from head k + 1, as in Medusa's static trees (a dynamic tree ranks them by the heads'
         confidence); no deeper than there are heads; top-k for greedy requests, drawn without
         replacement for sampled ones."""
-        tokens: list[list[int]] = [[] for _ in requests]
-        parents: list[list[int]] = [[] for _ in requests]
         active, features = self._features(requests)
         if features is None:
-            return TreeBatch(tokens, parents)
+            return TreeBatch.empty(len(requests))
         depth = len(self.heads.blocks)
         shape = dataclasses.replace(shape, depth=min(shape.depth, depth)) \
             if isinstance(shape, DynamicTree) else shape[:depth]
@@ -79,12 +77,8 @@ class MedusaDrafter(Drafter):
         def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:  # [rows, N]
             return torch.stack([logits[trees[r].depths[j], r] for r, chosen in enumerate(nodes) for j in chosen])
 
-        vocab = self.heads.draft_vocab
-        grown, probs = grow_trees(shape, [requests[i].num_draft_tokens for i in active], logits[0], vocab, expand,
-                                  tree_children(requests, active, vocab, self.heads.config.target_vocab_size))
-        for i, tree in zip(active, grown):
-            tokens[i], parents[i] = tree.token_ids, tree.parents
-        return TreeBatch(tokens, parents, probs, replacement=False)
+        return grow_tree_batch(requests, active, shape, logits[0], self.heads.draft_vocab,
+                               self.heads.config.target_vocab_size, expand)
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:

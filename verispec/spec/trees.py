@@ -59,6 +59,11 @@ class TreeBatch:
     probs: torch.Tensor | None = None  # [total_nodes, vocab_size] float32
     replacement: bool = True
 
+    @classmethod
+    def empty(cls, num_requests: int) -> TreeBatch:
+        """No drafts for any request."""
+        return cls([[] for _ in range(num_requests)], [[] for _ in range(num_requests)])
+
     def __post_init__(self) -> None:
         if [len(t) for t in self.node_token_ids] != [len(p) for p in self.node_parents]:
             raise ValueError("node_token_ids and node_parents must hold one entry per node, got "
