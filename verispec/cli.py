@@ -151,6 +151,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=None, help='JSONL of {"category", "prompt"} (default: the shipped set)')
     p.add_argument("--max-prompts", type=int, default=None, help="train on at most this many prompts")
     p.add_argument("--max-tokens", type=int, default=256, help="answer length per prompt (default 256)")
+    p.add_argument("--answers-per-prompt", type=int, default=1,
+                   help="answers recorded per prompt: the first greedy or sampled (alternating between "
+                        "prompts), the second the other regime, more sampled (default 1)")
     p.add_argument("--held-out-every", type=int, default=25,
                    help="every N-th prompt is held out for evaluation (default 25)")
     p.add_argument("--eval-tokens", type=int, default=96, help="tokens per held-out answer (default 96)")

@@ -14,7 +14,7 @@ from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.spec.heads import head_config, load_head
 from verispec.train import trainer
-from verispec.train.command import acceptance, draft_vocabulary
+from verispec.train.command import acceptance, answer_params, draft_vocabulary
 from verispec.train.trainer import TrainConfig, train
 
 from .. import learned
@@ -114,3 +114,20 @@ def test_train_drafter_command_writes_a_head_the_cli_and_llm_use(tmp_path, capsy
                  "--max-tokens", "6", "--no-chat", "t3 t4"]) == 0
     assert main(args[:-2] + ["--out", str(out), "--draft-vocab", "99"]) == 2
     assert "--draft-vocab=99 is invalid" in capsys.readouterr().err
+    # A second answer per prompt records only the new answers and trains on both.
+    assert main(args + ["--answers-per-prompt", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "answer 2 of 2" in printed and "answer 1 of 2" not in printed
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["answers_per_prompt"] == 2 and report["answers"] == 32
+    assert main(args + ["--answers-per-prompt", "0"]) == 2
+    assert "--answers-per-prompt=0 is invalid" in capsys.readouterr().err
+
+
+def test_each_prompt_gets_a_greedy_and_a_sampled_answer_first_then_sampled_ones() -> None:
+    for index in range(4):
+        params = [answer_params(index, answer, 0, 8) for answer in range(4)]
+        assert sorted(p.temperature for p in params[:2]) == [0.0, 0.7]
+        assert all(p.temperature == 0.7 and p.top_p == 0.9 for p in params[2:])
+    seeds = {answer_params(index, answer, seed, 8).seed for index in range(100) for answer in range(3) for seed in range(2)}
+    assert len(seeds) == 600

@@ -45,7 +45,8 @@ def _positive(name: str, value: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_tokens", "held_out_every", "eval_tokens", "num_speculative_tokens", "draft_vocab"):
+    for name in ("max_tokens", "held_out_every", "eval_tokens", "num_speculative_tokens", "draft_vocab",
+                 "answers_per_prompt"):
         _positive(name.replace("_", "-"), getattr(args, name))
     started = time.monotonic()
     prompts = [p["prompt"] for p in load_prompts(args.prompts)]
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                          f"vocabulary size {model.config.vocab_size}")
     key = hashlib.sha1(repr((str(args.model), model.config, args.max_tokens, args.seed)).encode()).hexdigest()[:12]
     cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "train"
-    dataset = record_shards(model, tokenizer, training, args.max_tokens, cache / f"data-{key}", args.seed)
+    dataset = record_shards(model, tokenizer, training, args.max_tokens, cache / f"data-{key}", args.seed,
+                            args.answers_per_prompt)
     print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
           f"({len(dataset.tokens)} with prompts)")
     vocab = draft_vocabulary(dataset, args.draft_vocab, model.config.eos_token_ids)
@@ -67,14 +69,15 @@ def run(args: argparse.Namespace) -> int:
     chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens")
               if getattr(args, name) is not None}
     train_config = TrainConfig(seed=args.seed, **chosen)
-    run_key = hashlib.sha1(repr((key, training, config, args.draft_vocab)).encode()).hexdigest()[:12]
+    run_key = hashlib.sha1(repr((key, training, args.answers_per_prompt, config, args.draft_vocab)).encode()).hexdigest()[:12]
     losses = train(head, dataset, train_config, checkpoint_dir=cache / f"{args.kind}-{run_key}")
     out = Path(args.out or f"{args.kind}-head.safetensors")
     save_head(head, out)
     after = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
     report = {
         "kind": args.kind, "model": args.model or "embedded SmolLM2-135M-Instruct",
-        "prompts": len(training), "answers": len(dataset), "output_tokens": dataset.num_output_tokens,
+        "prompts": len(training), "answers_per_prompt": args.answers_per_prompt, "answers": len(dataset),
+        "output_tokens": dataset.num_output_tokens,
         "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab,
         "train_config": dataclasses.asdict(train_config), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "held_out_prompts": len(held_out), "k": args.num_speculative_tokens,
@@ -89,25 +92,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str], max_tokens: int,
-                  directory: Path, seed: int = 0) -> Dataset:
-    """`record` in shards of SHARD prompts, each cached in `directory` under a name that holds
-    its index and a hash of its prompts. Answers alternate between greedy and temperature 0.7 /
-    top-p 0.9 (seeded), the two regimes drafts serve."""
+                  directory: Path, seed: int = 0, answers: int = 1) -> Dataset:
+    """`record` `answers` answers per prompt, in shards of SHARD prompts and one answer each,
+    cached in `directory` under a name that holds the shard's index, the answer's index (from
+    the second on) and a hash of its prompts (answer_params says how each is sampled)."""
     parts = []
-    for start in range(0, len(prompts), SHARD):
-        chunk = prompts[start : start + SHARD]
-        digest = hashlib.sha1(repr(list(chunk)).encode()).hexdigest()[:10]
-        path = directory / f"shard-{start // SHARD:04d}-{digest}.safetensors"
-        if not path.is_file():
-            params = [SamplingParams(temperature=0.0 if (start + i) % 2 == 0 else 0.7, top_p=1.0 if (start + i) % 2 == 0 else 0.9,
-                                     seed=seed * 1_000_003 + start + i, max_tokens=max_tokens)
-                      for i in range(len(chunk))]
-            print(f"recording prompts {start}..{start + len(chunk) - 1} of {len(prompts)}")
-            record(model, tokenizer, chunk, params, EngineConfig(max_num_seqs=SHARD, max_num_batched_tokens=1024,
-                                                                   cache=CacheConfig(16, 2048)),
-                   progress=True).save(path)
-        parts.append(Dataset.load(path))
+    for answer in range(answers):
+        for start in range(0, len(prompts), SHARD):
+            chunk = prompts[start : start + SHARD]
+            digest = hashlib.sha1(repr(list(chunk)).encode()).hexdigest()[:10]
+            tag = f"-a{answer}" if answer else ""
+            path = directory / f"shard-{start // SHARD:04d}{tag}-{digest}.safetensors"
+            if not path.is_file():
+                params = [answer_params(start + i, answer, seed, max_tokens) for i in range(len(chunk))]
+                print(f"recording prompts {start}..{start + len(chunk) - 1} of {len(prompts)}"
+                      + (f", answer {answer + 1} of {answers}" if answers > 1 else ""))
+                record(model, tokenizer, chunk, params, EngineConfig(max_num_seqs=SHARD, max_num_batched_tokens=1024,
+                                                                       cache=CacheConfig(16, 2048)),
+                       progress=True).save(path)
+            parts.append(Dataset.load(path))
     return Dataset.concat(parts)
+
+
+def answer_params(index: int, answer: int, seed: int, max_tokens: int) -> SamplingParams:
+    """How answer `answer` to prompt `index` is generated: the first two answers of a prompt are
+    one greedy and one at temperature 0.7 / top-p 0.9 (the two regimes drafts serve; which one
+    comes first alternates between prompts), later answers are sampled too. Seeds differ per
+    prompt and answer."""
+    greedy = answer < 2 and (index + answer) % 2 == 0
+    return SamplingParams(temperature=0.0 if greedy else 0.7, top_p=1.0 if greedy else 0.9,
+                          seed=seed * 1_000_003 + index + answer * 10_000_019, max_tokens=max_tokens)
 
 
 def draft_vocabulary(dataset: Dataset, size: int, always: Sequence[int] = ()) -> torch.Tensor:  # [size] int64
