@@ -129,7 +129,9 @@ class SpeculativeConfig:
     ngram_min / ngram_max: n-gram sizes tried, longest first.
     adaptive: choose each request's K per step from its acceptance so far, and trim the step's
         drafts together against the step's cost (spec/adaptive.py), never above
-        num_speculative_tokens; off: always num_speculative_tokens.
+        num_speculative_tokens; with a tree, draft each request's whole tree or nothing by
+        the same cost model (spec/adaptive.py's TreeGate); off: always num_speculative_tokens
+        (every tree node).
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
         pass's fixed cost (about 0.1 for the default model on CPU).
     draft_cost: for `adaptive`, what drafting costs relative to the same fixed cost (a
@@ -142,7 +144,7 @@ class SpeculativeConfig:
         nodes), or a DynamicTree grown by draft confidence (EAGLE-2; drafters without their own
         tree drafts draft one chain), verified exactly with verispec/sample/tree.py; None: chains of
         num_speculative_tokens drafts. With a tree, a request drafts up to the tree's node count
-        (num_speculative_tokens and `adaptive` do not apply; `verification` must be "token").
+        (num_speculative_tokens does not apply; `verification` must be "token").
     """
 
     method: str = "none"

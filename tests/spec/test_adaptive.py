@@ -1,4 +1,5 @@
-"""AdaptiveK: K follows each request's acceptance, and falls back to probing when it is poor."""
+"""AdaptiveK: K follows each request's acceptance, and falls back to probing when it is poor;
+TreeGate: the same for whole trees."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 import pytest
 
 from verispec.config import DraftCost
-from verispec.spec.adaptive import AdaptiveK, DraftClaim
+from verispec.spec.adaptive import AdaptiveK, DraftClaim, TreeGate
 from verispec.spec.metrics import expected_emitted_tokens
 
 
@@ -170,3 +171,59 @@ def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> No
                 assert not ctl.probing(rid)
     interval = ctl.probe_interval_at(2)
     assert probes["a"] == probes["b"] == [s for s in range(2, 40) if s % interval == 0]
+
+
+def _productive(gate: TreeGate, request_id: str, accepted: int) -> None:
+    for _ in range(40):
+        gate.observe(request_id, gate.nodes, accepted)
+
+
+def test_a_tree_pays_alone_when_it_is_accepted_and_not_in_a_big_batch() -> None:
+    gate = TreeGate(nodes=6, depth=3, row_cost=0.1)
+    _productive(gate, "good", 3)  # 4 tokens per step
+    _productive(gate, "poor", 0)
+    assert gate.tokens("good") == pytest.approx(4, abs=0.3) and gate.tokens("poor") < 1.1  # the prior weighs in
+    assert gate.num_draft_tokens("good", 1) == 6
+    assert gate.num_draft_tokens("good", 64) == 0  # 6 rows per request nearly six steps' cost there
+    assert gate.num_draft_tokens("poor", 1) == 0
+    # A fresh request starts from the prior: a chain of depth 3 accepted with probability 0.3.
+    assert gate.tokens("new") == pytest.approx(1 + 0.3 + 0.09 + 0.027)
+
+
+def test_a_request_without_a_tree_probes_with_a_whole_tree() -> None:
+    gate = TreeGate(nodes=5, depth=2, probe_interval=3)
+    _productive(gate, "a", 0)
+    assert [gate.num_draft_tokens("a") for _ in range(6)] == [0, 0, 5, 0, 0, 5]
+    assert gate.probing("a")
+    # Before its first tree is judged a request probes, whatever the batch.
+    assert gate.num_draft_tokens("fresh", 64) == 5 and gate.probing("fresh")
+
+
+@pytest.mark.parametrize("draft_cost", DRAFT_COSTS)
+def test_tree_allot_keeps_whole_trees_and_maximises_tokens_per_cost(draft_cost: DraftCost) -> None:
+    """Against every subset of the optional claims: the trees kept are the best subset's."""
+    gate = TreeGate(nodes=4, depth=2, row_cost=0.1, draft_cost=draft_cost)
+    for i, accepted in enumerate([0, 1, 2, 3, 0, 2, 1]):
+        _productive(gate, str(i), accepted)
+    claims = [DraftClaim(str(i), 4, fixed=i == 4) for i in range(7)]
+    allotted = gate.allot(claims, base_rows=7, base_tokens=7, padded_rows=_padded)
+    assert all(a in (0, 4) for a in allotted) and allotted[4] == 4
+
+    def rate(kept) -> float:
+        drafting = [i for i in range(7) if i in kept or claims[i].fixed]
+        tokens = 7 + sum(gate.tokens(str(i)) - 1 for i in drafting)
+        cost = 1 + 0.1 * _padded(7 + 4 * len(drafting)) + draft_cost(2, 2 * len(drafting))
+        return tokens / cost
+
+    optional = [i for i in range(7) if not claims[i].fixed]
+    best = max(rate(set(c)) for n in range(8) for c in itertools.combinations(optional, n))
+    assert rate({i for i, a in enumerate(allotted) if a}) == pytest.approx(best)
+    # Rows priced ever steeper: only the probe's tree stays.
+    assert gate.allot(claims, 7, 7, lambda rows: rows ** 3) == [0, 0, 0, 0, 4, 0, 0]
+
+
+@pytest.mark.parametrize("kwargs", [{"nodes": 0, "depth": 1}, {"nodes": 3, "depth": 4}, {"nodes": 3, "depth": 2, "decay": 2}])
+def test_bad_tree_gate_settings_are_named(kwargs) -> None:
+    name = "decay" if "decay" in kwargs else "nodes" if kwargs["nodes"] == 0 else "depth"
+    with pytest.raises(ValueError, match=f"{name}=.* is invalid for TreeGate"):
+        TreeGate(**kwargs)

@@ -30,9 +30,9 @@ from ..tiny import run_all, tiny_checkpoint, tiny_model, word_tokenizer
 
 
 def _engine(model, drafter: Drafter | None, tree: TreeShape | None, max_seqs: int = 64,
-            num_blocks: int = 8192, k: int = 5) -> LLMEngine:
+            num_blocks: int = 8192, k: int = 5, adaptive: bool = False) -> LLMEngine:
     method = "none" if drafter is None else "ngram" if isinstance(drafter, NgramDrafter) else "medusa"
-    spec = SpeculativeConfig(method=method, tree=tree, num_speculative_tokens=k, adaptive=False)
+    spec = SpeculativeConfig(method=method, tree=tree, num_speculative_tokens=k, adaptive=adaptive)
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=4096, max_model_len=512,
                           cache=CacheConfig(4, num_blocks), speculative=spec)
     return LLMEngine(model, word_tokenizer(model.config.vocab_size), config, drafter)
@@ -155,6 +155,26 @@ def test_a_drafter_without_trees_drafts_a_chain_in_tree_mode(tree: TreeShape) ->
     assert engine.blocks.num_free_blocks == 40
 
 
+def test_the_tree_gate_keeps_trees_that_pay_and_drops_those_that_do_not() -> None:
+    """Adaptive (TreeGate): a poor drafter's trees in a batch of 8 give way to probes, a perfect
+    drafter (the target itself) keeps drafting all its nodes; the tokens are plain decoding's."""
+    target, prompts = learned.target(), learned.prompts(8, seed=11)
+    plain, _ = _greedy(_engine(target, None, None), prompts)
+
+    def drafted(drafter: Drafter, prompts, adaptive: bool) -> tuple[list[list[int]], int]:
+        outputs, done = _greedy(_engine(target, drafter, (3, 2, 1), adaptive=adaptive), prompts)
+        return outputs, sum(o.stats.num_draft_tokens for o in done.values())
+
+    poor = lambda: DraftModelDrafter(tiny_model(seed=4, vocab=learned.VOCAB, scale=0.5), 256, 4)  # noqa: E731
+    gated, gated_nodes = drafted(poor(), prompts, adaptive=True)
+    fixed, fixed_nodes = drafted(poor(), prompts, adaptive=False)
+    assert gated == fixed == plain
+    assert gated_nodes < fixed_nodes / 3
+    _, kept = drafted(DraftModelDrafter(target, 256, 4), prompts[:2], adaptive=True)
+    _, every = drafted(DraftModelDrafter(target, 256, 4), prompts[:2], adaptive=False)
+    assert kept == every > 0
+
+
 @pytest.mark.parametrize("kind,tree,num_blocks", [("medusa", (3, 2, 1), 40), ("medusa", (3, 2, 1), 8192),
                                                   ("eagle", (2, 1), 40), ("eagle", DynamicTree(6, 3, 2), 40)])
 def test_tree_steps_hand_drafters_the_targets_own_hidden_states(kind: str, tree, num_blocks: int) -> None:
@@ -219,17 +239,20 @@ def test_tree_logprobs_match_the_oracle(params: SamplingParams) -> None:
         assert_records_match_the_oracle(target, prompt, done[rid], params)
 
 
-@pytest.mark.parametrize("kind,tree", [("eagle", DynamicTree(6, 3, 2)), ("medusa", (3, 2))])
-def test_sampled_trees_are_batch_invariant_and_greedy_requests_beside_them_stay_plain(kind: str, tree) -> None:
+@pytest.mark.parametrize("kind,tree,adaptive", [("eagle", DynamicTree(6, 3, 2), False), ("medusa", (3, 2), False),
+                                               ("medusa", (3, 2), True)])
+def test_sampled_trees_are_batch_invariant_and_greedy_requests_beside_them_stay_plain(kind: str, tree,
+                                                                                      adaptive: bool) -> None:
     """A seeded T = 0.7 request draws its tree from its own streams: the same tokens alone and
-    among other sampled and greedy requests; the greedy request in that batch (ranked children,
-    its q rows unused) still decodes as without drafts."""
+    among other sampled and greedy requests (with the tree gate too: it prices seeded requests
+    at batch size 1); the greedy request in that batch (ranked children, its q rows unused)
+    still decodes as without drafts."""
     target, prompts = learned.target(), learned.prompts(4, seed=11)
     plain, _ = _greedy(_engine(target, None, None), prompts[:1])
     seeded = SamplingParams(temperature=0.7, top_p=0.9, seed=5, max_tokens=24, ignore_eos=True)
 
     def run(batch):
-        engine = _engine(target, _trained_drafter(kind), tree)
+        engine = _engine(target, _trained_drafter(kind), tree, adaptive=adaptive)
         ids = [engine.add_request(p, params) for p, params in batch]
         done = run_all(engine)
         return [done[i].token_ids for i in ids], sum(o.stats.num_accepted_tokens for o in done.values())

@@ -40,8 +40,9 @@ from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
-from ..spec.adaptive import AdaptiveK, DraftClaim
+from ..spec.adaptive import AdaptiveK, DraftClaim, TreeGate
 from ..spec.base import Drafter, DraftRequest, FedTokens
+from ..spec.trees import branching
 from ..spec.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
 from .request import FinishReason, Request
@@ -136,10 +137,13 @@ class LLMEngine:
         self.drafter = drafter
         spec = config.speculative
         self.tree = spec.tree if drafter is not None else None
-        self.adaptive = None
-        if drafter is not None and spec.adaptive and self.tree is None:
-            self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost,
-                                      draft_cost=spec.draft_cost or drafter.draft_cost)
+        self.adaptive: AdaptiveK | TreeGate | None = None
+        if drafter is not None and spec.adaptive:
+            cost = spec.draft_cost or drafter.draft_cost
+            self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost, draft_cost=cost) \
+                if self.tree is None else \
+                TreeGate(spec.num_draft_tokens, min(len(branching(self.tree)), spec.num_draft_tokens),
+                         spec.row_cost, draft_cost=cost)
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, self.blocks)

@@ -88,8 +88,9 @@ class LLM:
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
         speculation off, whatever `draft` names.
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
-    adaptive: choose each request's K per step from its acceptance (SpeculativeConfig.adaptive);
-        False drafts num_speculative_tokens every step.
+    adaptive: choose each request's K per step from its acceptance, with a tree its whole tree
+        or nothing (SpeculativeConfig.adaptive); False drafts num_speculative_tokens (every
+        tree node) every step.
     tree: tree speculation with this static shape, branching factors per depth, e.g. (3, 2, 1),
         or a DynamicTree (EAGLE-2, grown by draft confidence) (SpeculativeConfig.tree); None
         drafts chains.

@@ -29,6 +29,9 @@ repeated with each cap on the depth (a drafter that runs one pass per position c
 for one request's fourth draft than for four requests' first). A K chosen per request cannot
 see that one extra row can cost a whole padding step for everybody.
 
+Trees (TreeGate) use the same cost model, each request's whole tree or none of it: a tree's
+worth is measured as tokens per tree step rather than per-draft acceptance.
+
 K only changes speed: whatever K a request gets from its past, its output is exact. K does
 decide which random numbers a sampled request consumes, so the engine prices seeded sampled
 requests at batch size 1: their K then depends on their own history only, and they stay batch
@@ -38,6 +41,7 @@ invariant; greedy and unseeded requests get the batch-size-aware K.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,15 +75,16 @@ def free(depth: int, num_requests: int) -> float:
     return 0.0
 
 
-class AdaptiveK:
-    """draft_cost(depth, num_requests): the drafter's declared cost of one call (module
-    docstring; Drafter.draft_cost or a verispec.config.DraftCost)."""
+class _Gate(ABC):
+    """What the chain's adaptive K and the tree gate share: the cost model's constants, the
+    per-request estimates, and probing. Subclasses say what a request prefers alone at a batch
+    size (_preferred) and what a probe drafts (probe_size)."""
 
-    def __init__(self, max_k: int, row_cost: float = 0.1, prior: float = 0.3,
-                 prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8,
-                 draft_cost: Callable[[int, int], float] = free) -> None:
+    def __init__(self, row_cost: float, prior: float, prior_weight: float, decay: float,
+                 probe_interval: int, draft_cost: Callable[[int, int], float], probe_size: int,
+                 checks: tuple[tuple[str, object, bool], ...] = ()) -> None:
         for name, value, ok in (
-            ("max_k", max_k, isinstance(max_k, int) and max_k >= 0),
+            *checks,
             ("row_cost", row_cost, row_cost > 0),
             ("prior", prior, 0 <= prior <= 1),
             ("prior_weight", prior_weight, prior_weight > 0),
@@ -87,19 +92,11 @@ class AdaptiveK:
             ("probe_interval", probe_interval, isinstance(probe_interval, int) and probe_interval >= 1),
         ):
             if not ok:
-                raise ValueError(f"{name}={value!r} is invalid for AdaptiveK")
-        self.max_k, self.row_cost, self.prior, self.prior_weight = max_k, row_cost, prior, prior_weight
+                raise ValueError(f"{name}={value!r} is invalid for {type(self).__name__}")
+        self.row_cost, self.prior, self.prior_weight = row_cost, prior, prior_weight
         self.decay, self.probe_interval, self.draft_cost = decay, probe_interval, draft_cost
+        self.probe_size = probe_size
         self._estimates: dict[str, _Estimate] = {}
-        self._tables: dict[int, list[int]] = {}
-
-    def table(self, batch_size: int) -> list[int]:
-        """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once)."""
-        if batch_size not in self._tables:
-            c, step = self._row_cost_at(batch_size), 1 + batch_size * self.row_cost
-            costs = [1 + c * k + self.draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
-            self._tables[batch_size] = [self._best_k(i / 100, costs) for i in range(101)]
-        return self._tables[batch_size]
 
     def _row_cost_at(self, batch_size: int) -> float:
         """c: the cost of one more row per request, relative to the step, at this batch size."""
@@ -111,6 +108,62 @@ class AdaptiveK:
         scale = self._row_cost_at(batch_size) / self._row_cost_at(1)
         return math.ceil(self.probe_interval * scale - 1e-9)
 
+    @abstractmethod
+    def _preferred(self, request_id: str, batch_size: int) -> int:
+        """Drafts the request is worth alone, from its estimate, at this batch size."""
+
+    def num_draft_tokens(self, request_id: str, batch_size: int = 1,
+                         engine_step: int | None = None) -> int:
+        """Drafts for the request's next step, among `batch_size` running requests.
+
+        engine_step: the number of that step in the engine; given, requests at 0 probe together
+        on every probe_interval-th engine step, so that the probe rows of a batch share one step
+        (and its padding) instead of spreading over all of them. Left out, a request probes
+        after probe_interval steps of its own (what a seeded request needs to stay batch
+        invariant)."""
+        batch_size = max(1, batch_size)
+        k = self._preferred(request_id, batch_size)
+        e = self._estimates.setdefault(request_id, _Estimate())
+        e.probing = False
+        if k == 0 and self.probe_size > 0:
+            e.idle_steps += 1
+            interval = self.probe_interval_at(batch_size)
+            due = e.idle_steps >= interval if engine_step is None else engine_step % interval == 0
+            if due:
+                e.idle_steps = 0
+                e.probing = True
+                return self.probe_size
+        return k
+
+    def probing(self, request_id: str) -> bool:
+        """Whether the request's last drafts came from a probe rather than from its acceptance."""
+        e = self._estimates.get(request_id)
+        return e is not None and e.probing
+
+    def release(self, request_id: str) -> None:
+        self._estimates.pop(request_id, None)
+
+
+class AdaptiveK(_Gate):
+    """draft_cost(depth, num_requests): the drafter's declared cost of one call (module
+    docstring; Drafter.draft_cost or a verispec.config.DraftCost)."""
+
+    def __init__(self, max_k: int, row_cost: float = 0.1, prior: float = 0.3,
+                 prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8,
+                 draft_cost: Callable[[int, int], float] = free) -> None:
+        super().__init__(row_cost, prior, prior_weight, decay, probe_interval, draft_cost, probe_size=min(1, max_k),
+                         checks=(("max_k", max_k, isinstance(max_k, int) and max_k >= 0),))
+        self.max_k = max_k
+        self._tables: dict[int, list[int]] = {}
+
+    def table(self, batch_size: int) -> list[int]:
+        """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once)."""
+        if batch_size not in self._tables:
+            c, step = self._row_cost_at(batch_size), 1 + batch_size * self.row_cost
+            costs = [1 + c * k + self.draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
+            self._tables[batch_size] = [self._best_k(i / 100, costs) for i in range(101)]
+        return self._tables[batch_size]
+
     def _best_k(self, alpha: float, costs: list[float]) -> int:
         """costs[k]: a step with k drafts per request, relative to one without (module docstring)."""
         rates = [expected_emitted_tokens(alpha, k) / costs[k] for k in range(self.max_k + 1)]
@@ -120,33 +173,8 @@ class AdaptiveK:
         e = self._estimates.get(request_id, _Estimate())
         return (e.accepted + self.prior * self.prior_weight) / (e.judged + self.prior_weight)
 
-    def num_draft_tokens(self, request_id: str, batch_size: int = 1,
-                         engine_step: int | None = None) -> int:
-        """K for the request's next step, among `batch_size` running requests.
-
-        engine_step: the number of that step in the engine; given, requests at K = 0 probe
-        together on every probe_interval-th engine step, so that the probe rows of a batch share
-        one step (and its padding) instead of spreading over all of them. Left out, a request
-        probes after probe_interval steps of its own (what a seeded request needs to stay batch
-        invariant)."""
-        batch_size = max(1, batch_size)
-        k = self.table(batch_size)[round(self.alpha(request_id) * 100)]
-        e = self._estimates.setdefault(request_id, _Estimate())
-        e.probing = False
-        if k == 0 and self.max_k > 0:
-            e.idle_steps += 1
-            interval = self.probe_interval_at(batch_size)
-            due = e.idle_steps >= interval if engine_step is None else engine_step % interval == 0
-            if due:
-                e.idle_steps = 0
-                e.probing = True
-                return 1
-        return k
-
-    def probing(self, request_id: str) -> bool:
-        """Whether the request's last K came from a probe rather than from its acceptance."""
-        e = self._estimates.get(request_id)
-        return e is not None and e.probing
+    def _preferred(self, request_id: str, batch_size: int) -> int:
+        return self.table(batch_size)[round(self.alpha(request_id) * 100)]
 
     def allot(
         self,
@@ -201,5 +229,92 @@ class AdaptiveK:
         e.accepted = self.decay * e.accepted + num_accepted
         e.judged = self.decay * e.judged + num_accepted + (1 if num_accepted < num_draft else 0)
 
-    def release(self, request_id: str) -> None:
-        self._estimates.pop(request_id, None)
+
+class TreeGate(_Gate):
+    """Tree or nothing, per request: a tree's nodes cost rows whatever is accepted, so in a
+    large batch a tree can cost more than it brings (module docstring's cost model).
+
+    tokens: a request's expected tokens per tree step (accepted nodes + 1), from a decaying
+    average over its tree steps, starting from a prior worth `prior_weight` steps: what a chain
+    of `depth` drafts accepted with probability `prior` would emit. A tree of n nodes for one
+    request, among B, costs 1 + c·n + d (as a chain of n drafts would; its drafting is priced
+    as `depth` passes feeding about n / depth nodes each); the request drafts its tree when
+    tokens beats that, nothing otherwise, and then probes with a whole tree (its first tree is a
+    probe too). `allot` keeps the trees of the step's most productive requests while they raise
+    the tokens per unit of the step's real cost, like AdaptiveK.allot with one bundle of rows per
+    request.
+    """
+
+    def __init__(self, nodes: int, depth: int, row_cost: float = 0.1, prior: float = 0.3,
+                 prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8,
+                 draft_cost: Callable[[int, int], float] = free) -> None:
+        super().__init__(row_cost, prior, prior_weight, decay, probe_interval, draft_cost, probe_size=nodes,
+                         checks=(("nodes", nodes, isinstance(nodes, int) and nodes >= 1),
+                                 ("depth", depth, isinstance(depth, int) and 1 <= depth <= nodes)))
+        self.nodes, self.depth = nodes, depth
+        self.prior_gain = sum(prior ** j for j in range(1, depth + 1))
+
+    def tokens(self, request_id: str) -> float:
+        e = self._estimates.get(request_id, _Estimate())
+        return 1 + (e.accepted + self.prior_gain * self.prior_weight) / (e.judged + self.prior_weight)
+
+    def _tree_draft_cost(self, num_requests: int) -> float:
+        return self.draft_cost(self.depth, num_requests * math.ceil(self.nodes / self.depth))
+
+    def _preferred(self, request_id: str, batch_size: int) -> int:
+        if self._unjudged(request_id):
+            return self.nodes
+        cost = 1 + self._row_cost_at(batch_size) * self.nodes \
+            + self._tree_draft_cost(batch_size) / (1 + batch_size * self.row_cost)
+        return self.nodes if self.tokens(request_id) > cost else 0
+
+    def allot(
+        self,
+        claims: list[DraftClaim],
+        base_rows: int,
+        base_tokens: float,
+        padded_rows: Callable[[int], int],
+    ) -> list[int]:
+        """Nodes per claim for one step: all of its slots or none (AdaptiveK.allot's arguments)."""
+        rows, tokens, drafting = base_rows, base_tokens, 0
+        optional: list[tuple[float, int, int]] = []  # (expected extra tokens, rows, claim)
+        for i, claim in enumerate(claims):
+            gain = min(self.tokens(claim.request_id) - 1, claim.slots)
+            if claim.fixed:
+                rows, tokens = rows + claim.slots * claim.rows_per_draft, tokens + gain
+                drafting += claim.slots > 0
+            elif claim.slots > 0:
+                optional.append((gain, claim.slots * claim.rows_per_draft, i))
+        optional.sort(key=lambda g: -g[0])
+
+        def rate(rows: int, tokens: float, drafting: int) -> float:
+            return tokens / (1 + self.row_cost * padded_rows(rows) + self._tree_draft_cost(drafting))
+
+        kept, best_rate = 0, rate(rows, tokens, drafting)
+        for m, (gain, extra_rows, _) in enumerate(optional, start=1):
+            rows, tokens, drafting = rows + extra_rows, tokens + gain, drafting + 1
+            if rate(rows, tokens, drafting) > best_rate:
+                kept, best_rate = m, rate(rows, tokens, drafting)
+        allotted = [claim.slots if claim.fixed else 0 for claim in claims]
+        for _, _, i in optional[:kept]:
+            allotted[i] = claims[i].slots
+        return allotted
+
+    def probing(self, request_id: str) -> bool:
+        """Also true until the request's first tree is judged: a tree is all or nothing, and the
+        prior alone never pays for a large one, so without this first probe a request would
+        wait for its first regular probe to show what its trees are worth."""
+        e = self._estimates.get(request_id)
+        return self._unjudged(request_id) or (e is not None and e.probing)
+
+    def _unjudged(self, request_id: str) -> bool:
+        e = self._estimates.get(request_id)
+        return e is None or e.judged == 0
+
+    def observe(self, request_id: str, num_draft: int, num_accepted: int) -> None:
+        """num_draft: the tree's nodes; num_accepted: the accepted path's length."""
+        if num_draft == 0:
+            return
+        e = self._estimates.setdefault(request_id, _Estimate())
+        e.accepted = self.decay * e.accepted + num_accepted
+        e.judged = self.decay * e.judged + 1
