@@ -7,7 +7,8 @@ same weights:
   verify step (accepted drafts + 1) and output tokens per second over the whole set, with the
   ratio to no speculation; per category too (JSON);
 - batch 16 (every prompt at once, in batches of 16), greedy: aggregate output tok/s, with the
-  engine's adaptive K, whose job is never to make speculation slower than none;
+  engine's adaptive K (for trees: its tree-or-nothing gate), whose job is never to make
+  speculation slower than none;
 - with --adaptive-batch1, batch 1 greedy with the adaptive K too;
 - with --trees, Medusa and EAGLE also draft those trees (spec/trees.py) in every run.
 Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K. Engines
