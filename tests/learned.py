@@ -12,6 +12,7 @@ from verispec import SamplingParams
 from verispec.config import CacheConfig, EngineConfig
 from verispec.model import LlamaModel
 from verispec.spec.heads import Head, HeadConfig, new_head
+from verispec.train.command import recorded_layers
 from verispec.train.record import Dataset, record
 from verispec.train.trainer import TrainConfig, train
 
@@ -37,12 +38,16 @@ def dataset() -> Dataset:
     params = [SamplingParams(temperature=0 if i % 2 else 0.7, seed=i, max_tokens=32, ignore_eos=True)
               for i in range(48)]
     return record(target(), word_tokenizer(VOCAB), prompts(48, seed=0), params,
-                  EngineConfig(cache=CacheConfig(4, 1024)), chat=False, progress=False)
+                  EngineConfig(cache=CacheConfig(4, 1024)), chat=False, progress=False,
+                  layers=recorded_layers(target().config.num_layers))
 
 
 def untrained(kind: str, vocab: torch.Tensor | None = None) -> Head:
+    """kind: "eagle", "medusa" or "eagle-fused" (an EAGLE head reading the target's layers 1 and 2)."""
     vocab = torch.arange(VOCAB) if vocab is None else vocab
-    return new_head(HeadConfig.for_target(kind, target().config, num_medusa_heads=3), target(), vocab, seed=0)
+    config = HeadConfig.for_target(kind.removesuffix("-fused"), target().config, num_medusa_heads=3,
+                                   fused=kind.endswith("-fused"))
+    return new_head(config, target(), vocab, seed=0)
 
 
 TRAINING = TrainConfig(epochs=40, batch_tokens=512, lr=3e-2, warmup_steps=3)
@@ -67,7 +72,7 @@ SAMPLED_PROMPT = [1, 2, 3]
 def sampled_world(kind: str, cfg: bool, max_tokens: int,
                   ) -> tuple[LlamaModel, Head, SamplingParams, Callable[[list[int]], torch.Tensor]]:
     """The setting of the sampled (chi-square) tests of learned drafters: a target of
-    SAMPLED_VOCAB tokens, an untrained head of `kind` (3 Medusa heads) whose draft vocabulary
+    SAMPLED_VOCAB tokens, an untrained head of `kind` (as `untrained` takes it; 3 Medusa heads) whose draft vocabulary
     leaves tokens 6 and 7 out (q = 0 there), temperature 0.7 / top-p 0.9 (and CFG at 1.5 with
     the negative prompt [5, 6]); and dist(tokens) [V]: the target's own distribution of the
     token after SAMPLED_PROMPT + tokens."""
@@ -75,7 +80,9 @@ def sampled_world(kind: str, cfg: bool, max_tokens: int,
     from .engine.test_engine import _dist
 
     model = tiny_model(seed=3, vocab=SAMPLED_VOCAB, scale=0.3)
-    head = new_head(HeadConfig.for_target(kind, model.config, num_medusa_heads=3), model, torch.arange(6), seed=5)
+    config = HeadConfig.for_target(kind.removesuffix("-fused"), model.config, num_medusa_heads=3,
+                                   fused=kind.endswith("-fused"))
+    head = new_head(config, model, torch.arange(6), seed=5)
     params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=max_tokens, ignore_eos=True,
                             **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
 

@@ -165,6 +165,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=None, help="passes over the recorded data (default 8)")
     p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 2e-3)")
     p.add_argument("--batch-tokens", type=int, default=None, help="tokens per training step (default 1024)")
+    p.add_argument("--fused", action="store_true",
+                   help="EAGLE only: the head reads a low, a middle and a high layer of the model, fused "
+                        "(EAGLE-3), instead of the last layer alone")
+    p.add_argument("--unroll", type=int, default=None,
+                   help="EAGLE only: draft depths trained at once, each fed the head's own predictions "
+                        "(EAGLE-3's training-time test; default 3)")
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="EAGLE layer MLP width (default: the model's)")
     p.add_argument("--seed", type=int, default=0)

@@ -45,7 +45,7 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list[list[int]
     return [done[str(i)].token_ids for i in range(len(prompts))], sum(o.stats.num_accepted_tokens for o in done.values())
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "eagle-fused"])
 def test_greedy_output_is_plain_decoding_token_for_token(kind: str) -> None:
     target, prompts = learned.target(), learned.prompts(6, seed=11)
     plain, _ = _greedy(_engine(target, None), prompts)
@@ -67,7 +67,7 @@ def _sampled_pairs(target, drafter: Drafter, params: SamplingParams, n: int, pro
     return torch.tensor([o.token_ids[:2] for o in done.values()])
 
 
-@pytest.mark.parametrize("kind,cfg", [("eagle", False), ("medusa", False), ("eagle", True)])
+@pytest.mark.parametrize("kind,cfg", [("eagle", False), ("medusa", False), ("eagle", True), ("eagle-fused", False)])
 def test_sampled_output_follows_the_target(kind: str, cfg: bool) -> None:
     """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG with a negative prompt):
     the first two emitted tokens against p1(y1) p2(y2 | y1) from the target itself. The head
@@ -81,19 +81,21 @@ def test_sampled_output_follows_the_target(kind: str, cfg: bool) -> None:
     assert chi_square(pairs[:, 0] * vocab + pairs[:, 1], (p1[:, None] * p2).reshape(-1)).passed
 
 
-def _hidden(model, tokens: list[int]) -> torch.Tensor:  # [len(tokens), d] last layer, fresh cache
+def _hidden(model, tokens: list[int], layers: tuple[int, ...]) -> torch.Tensor:  # [len(tokens), n * d], fresh cache
     blocks = BlockManager(64, 4)
     blocks.allocate("s", len(tokens))
-    return ModelRunner(model, blocks).forward_hidden([Feed("s", tokens, 0, 1)], (model.config.num_layers,))[1]
+    return ModelRunner(model, blocks).forward_hidden([Feed("s", tokens, 0, 1)], layers)[1]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "eagle-fused"])
 def test_heads_read_the_targets_own_hidden_states(kind: str) -> None:
     """Every feature a drafter hands its head, across prefill, accepted and rejected drafts,
-    CFG companions and preemption, is the target's hidden state of that position computed
-    afresh from the request's tokens."""
+    CFG companions and preemption, is the target's hidden state of that position (of every
+    layer the head reads) computed afresh from the request's tokens."""
     target = learned.target()
     drafter = _drafter(learned.trained(kind))
+    layers = drafter.hidden_layers
+    assert layers == ((1, 2) if kind == "eagle-fused" else (2,))
     tokens_of: dict[str, list[int]] = {}
     checked = []
     propose, features = drafter.propose, drafter.store.features
@@ -104,7 +106,7 @@ def test_heads_read_the_targets_own_hidden_states(kind: str) -> None:
 
     def spy_features(rid, begin, end):
         got = features(rid, begin, end)
-        expected = _hidden(target, tokens_of[rid][:end])[begin:end]
+        expected = _hidden(target, tokens_of[rid][:end], layers)[begin:end]
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
         checked.append(end - begin)
         return got

@@ -84,6 +84,7 @@ def _trained_drafter(kind: str) -> Drafter:
     ("medusa", (3, 2, 1), 8192), ("medusa", (4, 1, 1), 8192), ("medusa", (2, 2, 2), 40),
     ("medusa", DynamicTree(8, 3, 3), 40), ("eagle", (3, 2, 1), 8192), ("eagle", (2, 2, 2), 40),
     ("eagle", DynamicTree(10, 4, 3), 8192), ("eagle", DynamicTree(6, 3, 2), 40),
+    ("eagle-fused", DynamicTree(6, 3, 2), 40),
 ])
 def test_greedy_tree_output_is_plain_decoding_token_for_token(kind: str, tree: TreeShape, num_blocks: int) -> None:
     """Batched, with 40 blocks of 4 small enough to preempt; static and dynamic trees."""
@@ -96,7 +97,7 @@ def test_greedy_tree_output_is_plain_decoding_token_for_token(kind: str, tree: T
     assert sum(o.stats.num_accepted_tokens for o in done.values()) > 0
     assert engine.blocks.num_free_blocks == num_blocks
     assert engine.blocks.seq_ids() == []
-    if kind == "eagle":  # drafting rolled the head's cache back to nothing
+    if kind.startswith("eagle"):  # drafting rolled the head's cache back to nothing
         assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
 
 
@@ -176,7 +177,8 @@ def test_the_tree_gate_keeps_trees_that_pay_and_drops_those_that_do_not() -> Non
 
 
 @pytest.mark.parametrize("kind,tree,num_blocks", [("medusa", (3, 2, 1), 40), ("medusa", (3, 2, 1), 8192),
-                                                  ("eagle", (2, 1), 40), ("eagle", DynamicTree(6, 3, 2), 40)])
+                                                  ("eagle", (2, 1), 40), ("eagle", DynamicTree(6, 3, 2), 40),
+                                                  ("eagle-fused", DynamicTree(6, 3, 2), 40)])
 def test_tree_steps_hand_drafters_the_targets_own_hidden_states(kind: str, tree, num_blocks: int) -> None:
     """Every feature a drafter reads after tree steps (accepted paths moved, other nodes
     dropped), with CFG companions and preemption (40 blocks), is the target's hidden state of
@@ -199,7 +201,8 @@ def test_tree_steps_hand_drafters_the_targets_own_hidden_states(kind: str, tree,
 
     def spy_features(rid, begin, end):
         got = features(rid, begin, end)
-        torch.testing.assert_close(got, _hidden(target, tokens_of[rid][:end])[begin:end], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, _hidden(target, tokens_of[rid][:end], drafter.hidden_layers)[begin:end],
+                                   atol=1e-4, rtol=1e-4)
         checked.append(end - begin)
         return got
 

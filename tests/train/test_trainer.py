@@ -24,19 +24,23 @@ from ..tiny import tiny_checkpoint, word_tokenizer
 def test_recording_holds_each_answer_and_the_targets_hidden_states() -> None:
     data, target = learned.dataset(), learned.target()
     assert len(data) == 48
-    for i in (0, 1, 17):
-        tokens, features, prompt_len = data.sequence(i)
-        assert tokens[:prompt_len].tolist() == learned.prompts(48, seed=0)[i]
-        assert tokens.numel() == prompt_len + 32  # the whole answer, its last token without a feature
-        blocks = BlockManager(64, 4)
-        blocks.allocate("s", tokens.numel() - 1)
-        _, hidden = ModelRunner(target, blocks).forward_hidden(
-            [Feed("s", tokens[:-1].tolist(), 0, 1)], (target.config.num_layers,))
-        torch.testing.assert_close(features[:-1], hidden, atol=1e-4, rtol=1e-4)
-        assert not features[-1].any()
+    assert data.layers == (1, 2)  # a fused head's layers and the last, of a 2-layer target
+    for layers in ((2,), (1, 2), (2, 1)):
+        selected = data.select(layers)
+        for i in (0, 1, 17):
+            tokens, features, prompt_len = selected.sequence(i)
+            assert tokens[:prompt_len].tolist() == learned.prompts(48, seed=0)[i]
+            assert tokens.numel() == prompt_len + 32  # the whole answer, its last token without a feature
+            blocks = BlockManager(64, 4)
+            blocks.allocate("s", tokens.numel() - 1)
+            _, hidden = ModelRunner(target, blocks).forward_hidden([Feed("s", tokens[:-1].tolist(), 0, 1)], layers)
+            torch.testing.assert_close(features[:-1], hidden, atol=1e-4, rtol=1e-4)
+            assert not features[-1].any()
+    with pytest.raises(ValueError, match=r"layers \[3\] were not recorded"):
+        data.select((3,))
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "eagle-fused"])
 def test_training_lowers_the_loss_and_raises_held_out_acceptance(kind: str) -> None:
     head, losses = learned.training(kind)
     assert sum(losses[-4:]) / 4 < 0.8 * sum(losses[:4]) / 4
@@ -122,6 +126,29 @@ def test_train_drafter_command_writes_a_head_the_cli_and_llm_use(tmp_path, capsy
     assert report["answers_per_prompt"] == 2 and report["answers"] == 32
     assert main(args + ["--answers-per-prompt", "0"]) == 2
     assert "--answers-per-prompt=0 is invalid" in capsys.readouterr().err
+
+
+def test_train_drafter_command_trains_a_fused_eagle_head(tmp_path, capsys) -> None:
+    tiny_checkpoint(tmp_path / "model", vocab=16)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "x", "prompt": f"t{i % 16} t{(i * 5) % 16}"}) + "\n"
+                               for i in range(12)))
+    out = tmp_path / "eagle.safetensors"
+    args = ["train-drafter", "--kind", "eagle", "--model", str(tmp_path / "model"), "--prompts", str(prompts),
+            "--max-tokens", "10", "--eval-tokens", "8", "--held-out-every", "4", "--draft-vocab", "12",
+            "--epochs", "1", "--batch-tokens", "128", "-k", "2", "--cache-dir", str(tmp_path / "cache"),
+            "--fused", "--unroll", "3", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["fused_layers"] == [1, 2] and report["train_config"]["unroll"] == 3
+    assert head_config(out).fused_layers == (1, 2)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    drafted = LLM(model=str(tmp_path / "model"), draft=str(out), progress=False).generate("t1 t2", params)[0]
+    plain = LLM(model=str(tmp_path / "model"), draft="none", progress=False).generate("t1 t2", params)[0]
+    assert drafted.token_ids == plain.token_ids and drafted.stats.num_draft_tokens > 0
+    capsys.readouterr()
+    assert main([*args[:1], "--kind", "medusa", *args[3:]]) == 2
+    assert "--fused and --unroll are for --kind eagle, not --kind medusa" in capsys.readouterr().err
 
 
 def test_each_prompt_gets_a_greedy_and_a_sampled_answer_first_then_sampled_ones() -> None:

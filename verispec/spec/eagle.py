@@ -49,7 +49,7 @@ EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
 class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, num_blocks: int = 1024, block_size: int = 16) -> None:
         self.head = head
-        self.hidden_layers = (head.config.target_num_layers,)
+        self.hidden_layers = head.config.hidden_layers
         self.blocks = BlockManager(num_blocks, block_size)
         self.runner = ModelRunner(head, self.blocks)
         self.store = FeatureStore()
@@ -173,7 +173,7 @@ class EagleDrafter(Drafter):
             self.release(rid)
             return None
         self.blocks.append(rid, needed)
-        features = self.head.normalize(self.store.features(rid, confirmed, newest))
+        features = self.head.features(self.store.features(rid, confirmed, newest))
         self._confirmed[rid] = newest
         self.store.drop_before(rid, newest)
         return Feed(rid, list(tokens[confirmed + 1 :]), confirmed, 1), features

@@ -2,15 +2,19 @@
 over its own features) and Medusa (K independent residual heads), and their files.
 
 Terms, used by the drafters (spec/eagle.py, spec/medusa.py) and the trainer (verispec/train):
-- feature f_t: the target's last-layer hidden state of the token at position t, after the
-  target's final norm (what its LM head reads). Normalised features keep the heads' inputs and
-  regression targets at one scale.
+- feature f_t: what a head reads of the target at position t. By default the target's
+  last-layer hidden state after the target's final norm (what its LM head reads): normalised
+  features keep the heads' inputs and regression targets at one scale. A *fused* EAGLE head
+  (EAGLE-3) reads the hidden states of a low, a middle and a high layer instead, each
+  RMS-normalised, concatenated and projected to one feature by a learned matrix.
 - draft vocabulary: the N target tokens a head can propose (the most frequent ones in the
   training text, as EAGLE-3 does); a head's LM head is the target's, restricted to those rows,
   so a draft step costs N / vocab_size of a full LM head. Other tokens get q = 0.
 - EAGLE: at position t the head reads (f_t, embedding of x_{t+1}) and predicts f_{t+1}, hence the
   distribution of x_{t+2}; drafting feeds its own predicted features back, one token at a time,
-  through a paged KV cache of its own.
+  through a paged KV cache of its own. A fused head's output is not pinned to any target
+  feature (it is trained on tokens only, as EAGLE-3 is): it is whatever feature the head feeds
+  itself, and its own final norm comes before the LM head.
 - Medusa: head k (1..K) reads f_t alone and predicts x_{t+k+1}, so one pass over the newest
   feature drafts K tokens.
 
@@ -51,6 +55,12 @@ def shipped_head(kind: str) -> Path:
     return SHIPPED_DIR / f"{kind}-smollm2-135m-instruct.safetensors"
 
 
+def fused_layers(num_layers: int) -> tuple[int, ...]:
+    """The target layers a fused EAGLE head reads (1-based, distinct, ascending): a low, a middle
+    and a high one, as EAGLE-3 picks them (for 30 layers: 2, 15 and 27)."""
+    return tuple(sorted({min(2, num_layers), max(1, num_layers // 2), max(1, num_layers - 3)}))
+
+
 def head_config(path: str | os.PathLike[str]) -> HeadConfig:
     """The config of the head stored at `path` (ValueError when it is not a head file)."""
     return _read(path)[0]
@@ -65,6 +75,8 @@ class HeadConfig:
     num_heads / num_kv_heads / head_dim / intermediate_size / rms_norm_eps / rope_theta: the
         EAGLE decoder layer's attention and MLP (the target's attention shape by default).
     num_medusa_heads: K, Medusa's number of heads (drafts per step).
+    fused_layers: the target layers a fused EAGLE head reads (1-based, ascending); empty for
+        the default feature (the last layer's, normalised).
     """
 
     kind: str
@@ -78,6 +90,7 @@ class HeadConfig:
     rms_norm_eps: float
     rope_theta: float
     num_medusa_heads: int = 4
+    fused_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -85,14 +98,27 @@ class HeadConfig:
         if not isinstance(self.num_medusa_heads, int) or not 1 <= self.num_medusa_heads <= 16:
             raise ValueError(f"num_medusa_heads={self.num_medusa_heads!r} is invalid: "
                              "expected an integer in [1, 16]")
+        layers = tuple(self.fused_layers)  # a list when read back from JSON
+        object.__setattr__(self, "fused_layers", layers)
+        if layers and (self.kind != "eagle" or list(layers) != sorted(set(layers))
+                       or not all(isinstance(n, int) and 1 <= n <= self.target_num_layers for n in layers)):
+            raise ValueError(f"fused_layers={layers!r} is invalid: expected distinct ascending layer "
+                             f"numbers in [1, {self.target_num_layers}], for an eagle head only")
 
     @classmethod
     def for_target(cls, kind: str, target: ModelConfig, intermediate_size: int | None = None,
-                   num_medusa_heads: int = 4) -> HeadConfig:
+                   num_medusa_heads: int = 4, fused: bool = False) -> HeadConfig:
+        """`fused`: an EAGLE head reading fused_layers(target.num_layers) (EAGLE-3)."""
         return cls(kind, target.vocab_size, target.hidden_size, target.num_layers, target.num_heads,
                    target.num_kv_heads, target.head_dim,
                    intermediate_size or target.intermediate_size, target.rms_norm_eps,
-                   target.rope_theta, num_medusa_heads)
+                   target.rope_theta, num_medusa_heads,
+                   fused_layers(target.num_layers) if fused else ())
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The target layers the head reads, in the order `_Head.features` takes them."""
+        return self.fused_layers or (self.target_num_layers,)
 
     def layer_config(self) -> ModelConfig:
         """The EAGLE decoder layer's shape, as a one-layer ModelConfig."""
@@ -133,12 +159,20 @@ class _Head(nn.Module):
         with torch.no_grad():
             self.lm_head.weight.copy_(target.lm_head.weight.index_select(0, vocab))
 
-    def normalize(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, d] target hidden -> features
-        """The target's final norm: features as the module docstring defines them."""
+    def features(
+        self, hidden: torch.Tensor,  # [T, len(config.hidden_layers) * d] the target's, as drafters observe them
+    ) -> torch.Tensor:  # [T, d]
+        """The features the head reads (module docstring): here the target's final norm."""
         return rms_norm(hidden, self._target_norm, self.config.rms_norm_eps)
 
-    def logits(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [R, N] float32
+    def logits(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] the head's output -> [R, N] float32
         return self.lm_head(features).float()
+
+    def target_logits(
+        self, hidden: torch.Tensor,  # [R, d] the target's last-layer hidden states
+    ) -> torch.Tensor:  # [R, N] float32
+        """The target's own logits over the draft vocabulary: what training distils."""
+        return self.lm_head(rms_norm(hidden, self._target_norm, self.config.rms_norm_eps)).float()
 
     def trainable(self) -> list[nn.Parameter]:
         """The head's own weights (not the borrowed LM head), made to require gradients."""
@@ -153,7 +187,8 @@ class _Head(nn.Module):
 
 
 class EagleHead(_Head):
-    """fc([embedding of x_{t+1}, f_t]) -> one decoder layer -> predicted f_{t+1}."""
+    """fc([embedding of x_{t+1}, f_t]) -> one decoder layer -> predicted f_{t+1}. A fused head
+    first makes f_t from its layers (`fuse`) and norms its output before the LM head (`norm`)."""
 
     def __init__(self, config: HeadConfig, target: LlamaModel, draft_vocab: torch.Tensor) -> None:
         super().__init__(config, target, draft_vocab)
@@ -161,6 +196,23 @@ class EagleHead(_Head):
         self.fc = Linear(2 * d, d, target.dtype, target.device, target.widening)
         self.layer = DecoderLayer(config.layer_config(), target.dtype, target.device, target.widening)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, target.dtype, target.device)
+        if config.fused_layers:
+            self.fuse = Linear(len(config.fused_layers) * d, d, target.dtype, target.device, target.widening)
+            self.norm = nn.Parameter(torch.ones(2 * d, dtype=target.dtype, device=target.device))  # doubled, see rms_norm
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, n * d] -> [T, d]
+        if not self.config.fused_layers:
+            return super().features(hidden)
+        n, d = len(self.config.fused_layers), self.config.hidden_size
+        # Each layer at unit RMS: hidden states grow with depth (SmolLM2-135M: median RMS 2.6 at
+        # layer 2, 24 at layer 27, some tokens' 1,000), and fuse would read mostly the deepest.
+        unit = F.rms_norm(hidden.reshape(-1, n, d), (d,), eps=self.config.rms_norm_eps)
+        return self.fuse(unit.reshape(-1, n * d))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [R, N] float32
+        if not self.config.fused_layers:
+            return super().logits(features)
+        return super().logits(rms_norm(features, self.norm, self.config.rms_norm_eps))
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)

@@ -33,7 +33,7 @@ MEDUSA_COST = DraftCost(per_call=0.037, per_request=0.0046, per_position=0.0047,
 class MedusaDrafter(Drafter):
     def __init__(self, heads: MedusaHeads) -> None:
         self.heads = heads
-        self.hidden_layers = (heads.config.target_num_layers,)
+        self.hidden_layers = heads.config.hidden_layers
         self.store = FeatureStore()
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
@@ -72,7 +72,7 @@ class MedusaDrafter(Drafter):
         shape = dataclasses.replace(shape, depth=min(shape.depth, depth)) \
             if isinstance(shape, DynamicTree) else shape[:depth]
         levels = shape.depth if isinstance(shape, DynamicTree) else len(shape)
-        logits = self.heads(self.heads.normalize(features), levels)  # [levels, R, N]
+        logits = self.heads(self.heads.features(features), levels)  # [levels, R, N]
 
         def expand(trees: list[GrownTree], nodes: list[list[int]]) -> torch.Tensor:  # [rows, N]
             return torch.stack([logits[trees[r].depths[j], r] for r, chosen in enumerate(nodes) for j in chosen])
@@ -90,7 +90,7 @@ class MedusaDrafter(Drafter):
         device = features.device
         sampling = draft_metadata(requests, device)
         depth = max(requests[i].num_draft_tokens for i in active)
-        logits = self.heads(self.heads.normalize(features), depth)  # [min(depth, heads), R, N]
+        logits = self.heads(self.heads.features(features), depth)  # [min(depth, heads), R, N]
         slot = {i: r for r, i in enumerate(active)}  # request -> its row in `logits`
         for k in range(logits.shape[0]):
             active = [i for i in active if requests[i].num_draft_tokens > k]

@@ -29,7 +29,7 @@ from ..model import LlamaModel, Tokenizer, load_model
 from ..model.loader import cache_dir
 from ..sampling_params import SamplingParams
 from ..spec.eagle import EagleDrafter
-from ..spec.heads import Head, HeadConfig, new_head, save_head
+from ..spec.heads import Head, HeadConfig, fused_layers, new_head, save_head
 from ..spec.medusa import MedusaDrafter
 from ..spec.metrics import SpecDecodeStats
 from .prompts import load_prompts
@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_tokens", "held_out_every", "eval_tokens", "num_speculative_tokens", "draft_vocab",
                  "answers_per_prompt"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    if args.kind != "eagle" and (args.fused or args.unroll is not None):
+        raise ValueError(f"--fused and --unroll are for --kind eagle, not --kind {args.kind}")
     started = time.monotonic()
     prompts = [p["prompt"] for p in load_prompts(args.prompts)]
     held_out = prompts[:: args.held_out_every]
@@ -63,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
           f"({len(dataset.tokens)} with prompts)")
     vocab = draft_vocabulary(dataset, args.draft_vocab, model.config.eos_token_ids)
-    config = HeadConfig.for_target(args.kind, model.config, args.intermediate_size, args.num_speculative_tokens)
+    config = HeadConfig.for_target(args.kind, model.config, args.intermediate_size, args.num_speculative_tokens,
+                                   fused=args.fused)
     head = new_head(config, model, vocab, seed=args.seed)
     before = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
-    chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens")
+    chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens", "unroll")
               if getattr(args, name) is not None}
     train_config = TrainConfig(seed=args.seed, **chosen)
     run_key = hashlib.sha1(repr((key, training, args.answers_per_prompt, config, args.draft_vocab)).encode()).hexdigest()[:12]
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         "kind": args.kind, "model": args.model or "embedded SmolLM2-135M-Instruct",
         "prompts": len(training), "answers_per_prompt": args.answers_per_prompt, "answers": len(dataset),
         "output_tokens": dataset.num_output_tokens,
-        "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab,
+        "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab, "fused_layers": list(config.fused_layers),
         "train_config": dataclasses.asdict(train_config), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "held_out_prompts": len(held_out), "k": args.num_speculative_tokens,
         "mean_acceptance_length_untrained": before, "mean_acceptance_length_trained": after,
@@ -92,26 +95,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str], max_tokens: int,
-                  directory: Path, seed: int = 0, answers: int = 1) -> Dataset:
-    """`record` `answers` answers per prompt, in shards of SHARD prompts and one answer each,
-    cached in `directory` under a name that holds the shard's index, the answer's index (from
-    the second on) and a hash of its prompts (answer_params says how each is sampled)."""
+                  directory: Path, seed: int = 0, answers: int = 1,
+                  layers: Sequence[int] | None = None) -> Dataset:
+    """`record` `answers` answers per prompt with the hidden states of `layers` (recorded_layers
+    by default), in shards of SHARD prompts and one answer each, cached in `directory` under a
+    name that holds the shard's index, the answer's index (from the second on), the layers and
+    a hash of its prompts (answer_params says how each is sampled). Features are kept in bf16,
+    as stored: several layers of a few hundred thousand tokens take gigabytes in fp32."""
+    layers = tuple(layers) if layers is not None else recorded_layers(model.config.num_layers)
     parts = []
     for answer in range(answers):
         for start in range(0, len(prompts), SHARD):
             chunk = prompts[start : start + SHARD]
             digest = hashlib.sha1(repr(list(chunk)).encode()).hexdigest()[:10]
             tag = f"-a{answer}" if answer else ""
-            path = directory / f"shard-{start // SHARD:04d}{tag}-{digest}.safetensors"
+            path = directory / f"shard-{start // SHARD:04d}{tag}-L{'.'.join(map(str, layers))}-{digest}.safetensors"
             if not path.is_file():
                 params = [answer_params(start + i, answer, seed, max_tokens) for i in range(len(chunk))]
                 print(f"recording prompts {start}..{start + len(chunk) - 1} of {len(prompts)}"
                       + (f", answer {answer + 1} of {answers}" if answers > 1 else ""))
                 record(model, tokenizer, chunk, params, EngineConfig(max_num_seqs=SHARD, max_num_batched_tokens=1024,
                                                                        cache=CacheConfig(16, 2048)),
-                       progress=True).save(path)
-            parts.append(Dataset.load(path))
+                       progress=True, layers=layers).save(path)
+            parts.append(Dataset.load(path, torch.bfloat16))
     return Dataset.concat(parts)
+
+
+def recorded_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers a recording keeps: the last (EAGLE-1 and Medusa read it) and the three a fused
+    EAGLE head reads (spec/heads.py fused_layers), so one recording serves every head."""
+    return tuple(sorted({*fused_layers(num_layers), num_layers}))
 
 
 def answer_params(index: int, answer: int, seed: int, max_tokens: int) -> SamplingParams:

@@ -1,14 +1,16 @@
 """Self-distillation data: the target answers prompts, and its hidden states are recorded from
 the very forward passes that generate the answers (a Drafter that only observes: FedTokens).
 
-Terms: a *sequence* is one request's prompt + output tokens with the target's last-layer hidden
-state (before the final norm) of each; the newest output token has none (it was never fed), so
-a sequence of L tokens has L - 1 features. A *dataset* concatenates sequences.
+Terms: a *sequence* is one request's prompt + output tokens with the target's hidden states of
+each, the outputs of the recorded *layers* (1-based; the last is before the final norm),
+concatenated per token; the newest output token has none (it was never fed), so a sequence of
+L tokens has L - 1 features. A *dataset* concatenates sequences.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,15 +31,17 @@ from ..spec.features import FeatureStore
 class Dataset:
     """Sequences, concatenated.
 
-    tokens: [S] int64 all sequences' tokens; features: [S, d] their hidden states (a sequence's
-    last token's row is zero: it has none); offsets: [n + 1] int64 sequence starts in S;
-    prompt_lens: [n] int64 tokens of each sequence that are prompt.
+    tokens: [S] int64 all sequences' tokens; features: [S, len(layers) * d] their hidden states,
+    layer by layer in the order of `layers` (a sequence's last token's row is zero: it has
+    none); offsets: [n + 1] int64 sequence starts in S; prompt_lens: [n] int64 tokens of each
+    sequence that are prompt.
     """
 
     tokens: torch.Tensor  # [S] int64
-    features: torch.Tensor  # [S, d]
+    features: torch.Tensor  # [S, len(layers) * d]
     offsets: torch.Tensor  # [n + 1] int64
     prompt_lens: torch.Tensor  # [n] int64
+    layers: tuple[int, ...]
 
     def __len__(self) -> int:
         return self.offsets.numel() - 1
@@ -46,38 +50,56 @@ class Dataset:
     def num_output_tokens(self) -> int:
         return int((self.offsets[1:] - self.offsets[:-1] - self.prompt_lens).sum())
 
-    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:  # [L], [L, d], prompt length
+    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:  # [L], [L, F], prompt length
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.tokens[a:b], self.features[a:b], int(self.prompt_lens[i])
 
+    def select(self, layers: Sequence[int]) -> Dataset:
+        """The same sequences with the features of `layers` only, in that order."""
+        missing = [n for n in layers if n not in self.layers]
+        if missing:
+            raise ValueError(f"layers {missing} were not recorded: this dataset holds layers {list(self.layers)}")
+        if tuple(layers) == self.layers:
+            return self
+        d = self.features.shape[1] // len(self.layers)
+        columns = torch.cat([torch.arange(d) + self.layers.index(n) * d for n in layers])
+        return Dataset(self.tokens, self.features[:, columns], self.offsets, self.prompt_lens, tuple(layers))
+
     @classmethod
     def concat(cls, parts: Sequence[Dataset]) -> Dataset:
+        layers = {p.layers for p in parts}
+        if len(layers) != 1:
+            raise ValueError(f"datasets of different recorded layers cannot be joined: {sorted(layers)}")
         sizes = torch.tensor([0] + [p.tokens.numel() for p in parts]).cumsum(0)
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64)]
                             + [p.offsets[1:] + base for p, base in zip(parts, sizes.tolist())])
         return cls(torch.cat([p.tokens for p in parts]), torch.cat([p.features for p in parts]), offsets,
-                   torch.cat([p.prompt_lens for p in parts]))
+                   torch.cat([p.prompt_lens for p in parts]), layers.pop())
 
     def save(self, path: str | os.PathLike[str]) -> None:
         from safetensors.torch import save_file
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file({"tokens": self.tokens, "features": self.features.to(torch.bfloat16).contiguous(),
-                   "offsets": self.offsets, "prompt_lens": self.prompt_lens}, str(path))
+                   "offsets": self.offsets, "prompt_lens": self.prompt_lens}, str(path),
+                  metadata={"layers": json.dumps(list(self.layers))})
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Dataset:
-        from safetensors.torch import load_file
+    def load(cls, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> Dataset:
+        """`dtype`: the features' (stored as bf16; keeping them so halves a large dataset's memory)."""
+        from safetensors import safe_open
 
-        t = load_file(str(path))
-        return cls(t["tokens"], t["features"].float(), t["offsets"], t["prompt_lens"])
+        with safe_open(str(path), framework="pt") as f:
+            layers = tuple(json.loads((f.metadata() or {})["layers"]))
+            t = {name: f.get_tensor(name) for name in f.keys()}
+        return cls(t["tokens"], t["features"].to(dtype), t["offsets"], t["prompt_lens"], layers)
 
 
 class _Recorder(Drafter):
     """Drafts nothing; keeps every request's fed tokens and hidden states until it finishes."""
 
-    def __init__(self, num_layers: int) -> None:
-        self.hidden_layers = (num_layers,)
+    def __init__(self, layers: tuple[int, ...]) -> None:
+        self.hidden_layers = layers
         self.store = FeatureStore()
         self.finished: dict[str, tuple[list[int], torch.Tensor]] = {}
 
@@ -106,10 +128,12 @@ def record(
     config: EngineConfig,
     chat: bool = True,
     progress: bool = True,
+    layers: Sequence[int] | None = None,
 ) -> Dataset:
     """Generates an answer to every prompt (text rendered with the chat template when `chat`,
-    or token ids as given) with `params[i]`, recording hidden states on the way."""
-    recorder = _Recorder(model.config.num_layers)
+    or token ids as given) with `params[i]`, recording the hidden states of `layers` (the last
+    layer by default) on the way."""
+    recorder = _Recorder(tuple(layers) if layers is not None else (model.config.num_layers,))
     engine = LLMEngine(model, tokenizer, dataclasses.replace(config, speculative=SpeculativeConfig()), recorder)
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         text = isinstance(prompt, str)
@@ -140,4 +164,5 @@ def record(
         lengths.append(len(fed) + 1)
         prompt_lens.append(len(outputs[rid].prompt_token_ids))
     offsets = torch.tensor([0] + lengths).cumsum(0)
-    return Dataset(torch.cat(tokens), torch.cat(features), offsets, torch.tensor(prompt_lens))
+    return Dataset(torch.cat(tokens), torch.cat(features), offsets, torch.tensor(prompt_lens),
+                   recorder.hidden_layers)

@@ -3,10 +3,11 @@
 Terms as in spec/heads.py (feature, draft vocabulary) and train/record.py (sequence). Targets
 are the target model's own distributions, restricted to the draft vocabulary and renormalised
 there (the soft labels of self-distillation; the draft vocabulary holds most of the mass):
-- EAGLE: row t of a sequence reads (f_t, x_{t+1}) and must predict f_{t+1} (smooth L1,
-  weighted by `feature_weight`) and p_{t+1}, the distribution of x_{t+2} (cross-entropy). With
-  `unroll` = 2 a second pass feeds the first pass's predicted features back in place of the
-  true ones, as drafting does from the second draft on, and is trained on the same targets.
+- EAGLE: row t of a sequence reads (f_t, x_{t+1}) and must predict p_{t+1}, the distribution
+  of x_{t+2} (cross-entropy), and, unless the head is fused, f_{t+1} (smooth L1, weighted by
+  `feature_weight`). The head is trained at `unroll` draft depths at once, each fed its own
+  predictions and attending as drafting does (train/unroll.py, EAGLE-3's training-time test);
+  depth j's loss is weighted 0.8^j.
 - Medusa: head k at row t must predict p_{t+k}, the distribution of x_{t+k+1} (cross-entropy,
   weighted 0.8^(k-1) as Medusa does).
 Only positions whose predicted token is output (not prompt) count. Input features get
@@ -29,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..model import AttentionMetadata
 from ..spec.heads import EagleHead, Head, MedusaHeads
 from .record import Dataset
+from .unroll import unrolled_passes, valid_rows
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -46,7 +47,7 @@ class TrainConfig:
     warmup_steps: int = 20
     feature_weight: float = 1.0
     noise: float = 0.05
-    unroll: int = 2
+    unroll: int = 3
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 25
@@ -56,8 +57,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
-        if self.unroll not in (1, 2):
-            raise ValueError(f"unroll={self.unroll!r} is invalid: expected 1 or 2")
+        if not isinstance(self.unroll, int) or not 1 <= self.unroll <= 8:
+            raise ValueError(f"unroll={self.unroll!r} is invalid: expected an integer in [1, 8]")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr!r} is invalid: expected a number > 0")
 
@@ -88,47 +89,41 @@ def _soft_cross_entropy(
 
 def _eagle_loss(head: EagleHead, dataset: Dataset, batch: list[int], config: TrainConfig,
                 generator: torch.Generator) -> torch.Tensor:
-    block = 16
-    features, inputs, targets, lengths, mask = [], [], [], [], []
+    n_in = len(head.config.hidden_layers) * head.config.hidden_size
+    features, inputs, targets, mask, positions = [], [], [], [], []
     for i in batch:
         tokens, feats, prompt_len = dataset.sequence(i)
         n = tokens.numel() - 1  # rows: t = 0 .. L - 2
-        features.append(feats[:n])
+        features.append(feats[:n, :n_in])
         inputs.append(tokens[1:])
-        targets.append(torch.cat((feats[1:n], feats.new_zeros(1, feats.shape[1]))))
-        lengths.append(n)
+        # Row t's target is the distribution of x_{t+2}, read from the last layer at t + 1.
+        targets.append(torch.cat((feats[1:n, -head.config.hidden_size :], feats.new_zeros(1, head.config.hidden_size))))
         # Row t predicts x_{t+2}: it counts when that is output and f_{t+1} exists.
         t = torch.arange(n)
+        positions.append(t)
         mask.append((t + 2 >= prompt_len) & (t + 1 <= n - 1))
     device = head.draft_vocab.device
-    true = head.normalize(torch.cat(features).to(device, head.dtype))
-    goal = head.normalize(torch.cat(targets).to(device, head.dtype))
-    ids = torch.cat(inputs).to(device)
-    rows = torch.cat(mask).nonzero().squeeze(1).to(device)
-    tables, used = [], 0
-    for n in lengths:
-        count = -(-n // block)
-        tables.append(list(range(used, used + count)))
-        used += count
-    attn = AttentionMetadata.build(lengths, lengths, tables, block, device)
-    positions = attn.positions()
-    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    first_rows = torch.tensor(starts[:-1], device=device)
+    true = head.features(torch.cat(features).to(device, head.dtype))
+    last = torch.cat(targets).to(device, head.dtype)
+    ids, position = torch.cat(inputs).to(device), torch.cat(positions).to(device)
+    counted = torch.cat(mask).to(device)
     with torch.no_grad():
-        target_logits = head.logits(goal.index_select(0, rows))
-    loss = true.new_zeros((), dtype=torch.float32)
-    fed = true
-    for _ in range(config.unroll):
-        noise = (torch.rand(fed.shape, generator=generator) * 2 - 1).to(device, fed.dtype) * config.noise
-        predicted = head(fed + noise, ids, positions, attn, head.allocate_kv_cache(max(used, 1), block))
+        target_logits = head.target_logits(last)
+        goal = None if head.config.fused_layers else head.features(last)
+    noise = (torch.rand(true.shape, generator=generator) * 2 - 1).to(device, true.dtype) * config.noise
+    loss, total = true.new_zeros((), dtype=torch.float32), 0.0
+    for depth, predicted in enumerate(unrolled_passes(head, true + noise, ids, position, config.unroll)):
+        rows = (counted & valid_rows(position, depth)).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
         chosen = predicted.index_select(0, rows)
-        loss = loss + _soft_cross_entropy(head.logits(chosen), target_logits)
-        loss = loss + config.feature_weight * F.smooth_l1_loss(chosen.float(), goal.index_select(0, rows).float())
-        # Next pass: row t reads the prediction of f_t (from row t - 1); a sequence's first row
-        # has none and keeps the true feature.
-        shifted = torch.cat((true[:1], predicted[:-1].detach()))
-        fed = shifted.index_copy(0, first_rows, true.index_select(0, first_rows))
-    return loss / config.unroll
+        term = _soft_cross_entropy(head.logits(chosen), target_logits.index_select(0, rows))
+        if goal is not None:
+            term = term + config.feature_weight * F.smooth_l1_loss(chosen.float(), goal.index_select(0, rows).float())
+        # Later drafts count less: each is reached only when the ones before it are accepted.
+        weight = 0.8**depth
+        loss, total = loss + weight * term, total + weight
+    return loss / max(total, 1e-9)
 
 
 def _medusa_loss(heads: MedusaHeads, dataset: Dataset, batch: list[int], config: TrainConfig,
@@ -141,7 +136,7 @@ def _medusa_loss(heads: MedusaHeads, dataset: Dataset, batch: list[int], config:
         tokens, feats, prompt_len = dataset.sequence(i)
         features.append(feats[:-1])
         per_sequence.append((tokens.numel() - 1, prompt_len))
-    g = heads.normalize(torch.cat(features).to(device, heads.dtype))
+    g = heads.features(torch.cat(features).to(device, heads.dtype))
     noise = (torch.rand(g.shape, generator=generator) * 2 - 1).to(device, g.dtype) * config.noise
     starts = [0, *torch.tensor([n for n, _ in per_sequence]).cumsum(0).tolist()]
     for k in range(1, heads.config.num_medusa_heads + 1):
@@ -173,12 +168,15 @@ def _learning_rate(config: TrainConfig, step: int, total: int) -> float:
 
 def train(head: Head, dataset: Dataset, config: TrainConfig = TrainConfig(),
           checkpoint_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> list[float]:
-    """Trains `head` in place; returns the loss of every step run in this call."""
+    """Trains `head` in place; returns the loss of every step run in this call. `dataset` must
+    hold the layers the head reads and the last one (its targets)."""
+    last = head.config.target_num_layers
+    dataset = dataset.select(tuple(sorted({*head.config.hidden_layers, last})))
     params = head.trainable()
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     epochs = [_batches(dataset, config, e) for e in range(config.epochs)]
     total = sum(len(b) for b in epochs)
-    identity = {"config": dataclasses.asdict(config), "kind": head.config.kind,
+    identity = {"config": dataclasses.asdict(config), "head": dataclasses.asdict(head.config),
                 "draft_vocab": head.draft_vocab.cpu(), "num_sequences": len(dataset)}
     step = 0
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
