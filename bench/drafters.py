@@ -10,7 +10,9 @@ same weights:
   engine's adaptive K (for trees: its tree-or-nothing gate), whose job is never to make
   speculation slower than none;
 - with --adaptive-batch1, batch 1 greedy with the adaptive K too;
-- with --trees, Medusa and EAGLE also draft those trees (spec/trees.py) in every run.
+- with --trees, Medusa and EAGLE also draft those trees (spec/trees.py) in every run;
+- with --heads NAME=FILE, more head files run beside the shipped heads (e.g. an older head,
+  or one just trained), named NAME in the table.
 Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K. Engines
 take turns prompt by prompt (batch by batch), so drift in the machine's speed hits all alike.
 
@@ -18,6 +20,7 @@ take turns prompt by prompt (batch by batch), so drift in the machine's speed hi
     python bench/drafters.py --per-category 10 --max-tokens 128
     python bench/drafters.py --threads 1 --adaptive-batch1
     python bench/drafters.py --trees 3 4,1    # learned drafters with trees beside their chains
+    python bench/drafters.py --heads old=eagle-old.safetensors
 """
 
 from __future__ import annotations
@@ -53,9 +56,11 @@ def load(per_category: int) -> list[dict[str, str]]:
     return chosen
 
 
-def engines(k: int, adaptive: bool, trees: list[str]) -> dict[str, LLM]:
-    """One engine per drafter, and per tree shape one per learned drafter ("eagle tree 3")."""
-    llms = {name: LLM(draft=name, num_speculative_tokens=k, adaptive=adaptive, progress=False) for name in DRAFTERS}
+def engines(k: int, adaptive: bool, trees: list[str], heads: dict[str, str]) -> dict[str, LLM]:
+    """One engine per drafter and per extra head file, and per tree shape one per learned
+    drafter ("eagle tree 3")."""
+    llms = {name: LLM(draft=heads.get(name, name), num_speculative_tokens=k, adaptive=adaptive, progress=False)
+            for name in (*DRAFTERS, *heads)}
     for text in trees:
         for name in ("medusa", "eagle"):
             llms[f"{name} tree {text}"] = LLM(draft=name, tree=parse_tree(text), adaptive=adaptive,
@@ -93,6 +98,7 @@ def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Samp
         results[name] = {"tokens": tokens[name], "seconds": seconds[name], "tok_s": tokens[name] / seconds[name],
                          "mean_acceptance_length": total.mean_acceptance_length,
                          "rows_per_step": 1 + total.num_draft_tokens / max(1, total.num_drafts),
+                         "per_position_acceptance": total.per_position_acceptance,
                          "per_category": {c: s.mean_acceptance_length for c, s in stats[name].items()},
                          "outputs": outputs[name]}
     return results
@@ -130,8 +136,13 @@ def main() -> None:
     parser.add_argument("--adaptive-only", action="store_true", help="skip the fixed-K batch-1 rows")
     parser.add_argument("--trees", nargs="*", default=[], metavar="B1,B2,...|dynamic:N,D,K",
                         help="also Medusa and EAGLE with these draft trees (K does not apply to them)")
+    parser.add_argument("--heads", nargs="*", default=[], metavar="NAME=FILE",
+                        help="more head files, run beside the shipped heads under NAME")
     parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
     args = parser.parse_args()
+    heads = dict(item.split("=", 1) for item in args.heads if "=" in item)
+    if len(heads) != len(args.heads) or set(heads) & set(DRAFTERS):
+        parser.error(f"--heads takes NAME=FILE with a NAME other than {DRAFTERS}, got {args.heads}")
     torch.set_num_threads(args.threads)
     prompts = load(args.per_category)
     rows = []
@@ -152,11 +163,11 @@ def main() -> None:
 
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     if not args.adaptive_only:
-        fixed = engines(args.k, adaptive=False, trees=args.trees)
+        fixed = engines(args.k, adaptive=False, trees=args.trees, heads=heads)
         for mode, params in (("greedy", greedy), ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
             report(1, mode, str(args.k), run_batch1(fixed, prompts, params))
         del fixed
-    adaptive = engines(args.k, adaptive=True, trees=args.trees)
+    adaptive = engines(args.k, adaptive=True, trees=args.trees, heads=heads)
     if args.adaptive_batch1:
         report(1, "greedy", "adaptive", run_batch1(adaptive, prompts, greedy))
     report(args.batch, "greedy", "adaptive", run_batches(adaptive, prompts, greedy, args.batch))
