@@ -45,7 +45,7 @@ def engines(draft: str, chains: list[int], trees: list[str]) -> tuple[dict[str, 
             planned[name] = 1 + k
     for text in trees:
         tree = parse_tree(text)
-        llms[f"tree {text}"] = LLM(draft=draft, tree=tree, kv_cache_gib=KV_GIB, progress=False)
+        llms[f"tree {text}"] = LLM(draft=draft, tree=tree, adaptive=False, kv_cache_gib=KV_GIB, progress=False)
         planned[f"tree {text}"] = 1 + tree_size(tree)
     return llms, planned
 
