@@ -12,7 +12,10 @@ same weights:
 - with --adaptive-batch1, batch 1 greedy with the adaptive K too;
 - with --trees, Medusa and EAGLE also draft those trees (spec/trees.py) in every run;
 - with --heads NAME=FILE, more head files run beside the shipped heads (e.g. an older head,
-  or one just trained), named NAME in the table.
+  or one just trained), named NAME in the table;
+- with --control, a second engine without drafts ("none control") runs beside the first: its
+  ratio to none is the run's noise floor (on a shared 2-core machine, batch-16 ratios of two
+  identical engines have been seen 15-20% apart).
 Batch-1 rows use a fixed K (adaptive K off) so that acceptance is measured at that K. Engines
 take turns prompt by prompt (batch by batch), so drift in the machine's speed hits all alike.
 
@@ -56,11 +59,12 @@ def load(per_category: int) -> list[dict[str, str]]:
     return chosen
 
 
-def engines(k: int, adaptive: bool, trees: list[str], heads: dict[str, str]) -> dict[str, LLM]:
-    """One engine per drafter and per extra head file, and per tree shape one per learned
-    drafter ("eagle tree 3")."""
-    llms = {name: LLM(draft=heads.get(name, name), num_speculative_tokens=k, adaptive=adaptive, progress=False)
-            for name in (*DRAFTERS, *heads)}
+def engines(k: int, adaptive: bool, trees: list[str], heads: dict[str, str], control: bool) -> dict[str, LLM]:
+    """One engine per drafter and per extra head file (and the control), and per tree shape one
+    per learned drafter ("eagle tree 3")."""
+    drafts = {name: name for name in DRAFTERS} | heads | ({"none control": "none"} if control else {})
+    llms = {name: LLM(draft=draft, num_speculative_tokens=k, adaptive=adaptive, progress=False)
+            for name, draft in drafts.items()}
     for text in trees:
         for name in ("medusa", "eagle"):
             llms[f"{name} tree {text}"] = LLM(draft=name, tree=parse_tree(text), adaptive=adaptive,
@@ -138,6 +142,7 @@ def main() -> None:
                         help="also Medusa and EAGLE with these draft trees (K does not apply to them)")
     parser.add_argument("--heads", nargs="*", default=[], metavar="NAME=FILE",
                         help="more head files, run beside the shipped heads under NAME")
+    parser.add_argument("--control", action="store_true", help="a second engine without drafts, as a noise floor")
     parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
     args = parser.parse_args()
     heads = dict(item.split("=", 1) for item in args.heads if "=" in item)
@@ -163,11 +168,11 @@ def main() -> None:
 
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     if not args.adaptive_only:
-        fixed = engines(args.k, adaptive=False, trees=args.trees, heads=heads)
+        fixed = engines(args.k, adaptive=False, trees=args.trees, heads=heads, control=args.control)
         for mode, params in (("greedy", greedy), ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
             report(1, mode, str(args.k), run_batch1(fixed, prompts, params))
         del fixed
-    adaptive = engines(args.k, adaptive=True, trees=args.trees, heads=heads)
+    adaptive = engines(args.k, adaptive=True, trees=args.trees, heads=heads, control=args.control)
     if args.adaptive_batch1:
         report(1, "greedy", "adaptive", run_batch1(adaptive, prompts, greedy))
     report(args.batch, "greedy", "adaptive", run_batches(adaptive, prompts, greedy, args.batch))
