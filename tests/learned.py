@@ -42,12 +42,17 @@ def dataset() -> Dataset:
                   layers=recorded_layers(target().config.num_layers))
 
 
+def head_config(kind: str, model: LlamaModel) -> HeadConfig:
+    """kind: "eagle", "medusa" (3 heads) or "eagle-fused" (an EAGLE head reading the fused layers,
+    1 and 2 of a 2-layer target)."""
+    return HeadConfig.for_target(kind.removesuffix("-fused"), model.config, num_medusa_heads=3,
+                                 fused=kind.endswith("-fused"))
+
+
 def untrained(kind: str, vocab: torch.Tensor | None = None) -> Head:
-    """kind: "eagle", "medusa" or "eagle-fused" (an EAGLE head reading the target's layers 1 and 2)."""
+    """kind as `head_config` takes it."""
     vocab = torch.arange(VOCAB) if vocab is None else vocab
-    config = HeadConfig.for_target(kind.removesuffix("-fused"), target().config, num_medusa_heads=3,
-                                   fused=kind.endswith("-fused"))
-    return new_head(config, target(), vocab, seed=0)
+    return new_head(head_config(kind, target()), target(), vocab, seed=0)
 
 
 TRAINING = TrainConfig(epochs=40, batch_tokens=512, lr=3e-2, warmup_steps=3)
@@ -72,7 +77,7 @@ SAMPLED_PROMPT = [1, 2, 3]
 def sampled_world(kind: str, cfg: bool, max_tokens: int,
                   ) -> tuple[LlamaModel, Head, SamplingParams, Callable[[list[int]], torch.Tensor]]:
     """The setting of the sampled (chi-square) tests of learned drafters: a target of
-    SAMPLED_VOCAB tokens, an untrained head of `kind` (as `untrained` takes it; 3 Medusa heads) whose draft vocabulary
+    SAMPLED_VOCAB tokens, an untrained head of `kind` (as `head_config` takes it) whose draft vocabulary
     leaves tokens 6 and 7 out (q = 0 there), temperature 0.7 / top-p 0.9 (and CFG at 1.5 with
     the negative prompt [5, 6]); and dist(tokens) [V]: the target's own distribution of the
     token after SAMPLED_PROMPT + tokens."""
@@ -80,9 +85,7 @@ def sampled_world(kind: str, cfg: bool, max_tokens: int,
     from .engine.test_engine import _dist
 
     model = tiny_model(seed=3, vocab=SAMPLED_VOCAB, scale=0.3)
-    config = HeadConfig.for_target(kind.removesuffix("-fused"), model.config, num_medusa_heads=3,
-                                   fused=kind.endswith("-fused"))
-    head = new_head(config, model, torch.arange(6), seed=5)
+    head = new_head(head_config(kind, model), model, torch.arange(6), seed=5)
     params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=max_tokens, ignore_eos=True,
                             **({"guidance_scale": 1.5, "negative_prompt": [5, 6]} if cfg else {}))
 

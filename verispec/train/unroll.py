@@ -50,8 +50,8 @@ def unrolled_passes(
     fed = features
     for j in range(passes):
         if j:
-            # Row t is fed what the previous pass predicted at row t - 1 (row 0's is never valid).
-            fed = torch.cat((outputs[-1][:1], outputs[-1][:-1]))
+            # Row t is fed what the previous pass predicted at row t - 1.
+            fed = _rows_above(outputs[-1], 1)
         hidden = head.fc(torch.cat((embedded, fed), dim=-1))
         qkv = layer.qkv_proj(rms_norm(hidden, layer.input_norm, layer.eps)).view(T, -1, head_dim)
         qk = qkv[:, : heads + kv_heads].clone()
@@ -65,9 +65,8 @@ def unrolled_passes(
         for i in range(1, j + 1):
             # The chain's draft at depth i sits j - i rows above.
             shift = j - i
-            k = torch.cat((keys[i][:1].expand(shift, -1, -1), keys[i][: T - shift])) if shift else keys[i]
-            v = torch.cat((values[i][:1].expand(shift, -1, -1), values[i][: T - shift])) if shift else values[i]
-            in_sequence = (rows - shift >= 0) & (sequence[(rows - shift).clamp(min=0)] == sequence)
+            k, v = _rows_above(keys[i], shift), _rows_above(values[i], shift)
+            in_sequence = positions >= shift  # row t - shift is in row t's sequence
             scores.append(torch.einsum("tkgd,tkd->tkg", q, k).masked_fill(~in_sequence[:, None, None], float("-inf"))[..., None])
             chain_values.append(v)
         weights = torch.cat(scores, dim=-1).softmax(-1)  # [T, kv_heads, group, T + j]
@@ -79,6 +78,13 @@ def unrolled_passes(
         hidden = hidden + layer.down_proj(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :])
         outputs.append(hidden)
     return outputs
+
+
+def _rows_above(
+    x: torch.Tensor,  # [T, ...]
+    n: int,
+) -> torch.Tensor:  # [T, ...]: row t holds x[t - n]; the first n rows (never valid) repeat row 0
+    return torch.cat((x[:1].expand(n, *x.shape[1:]), x[: x.shape[0] - n])) if n else x
 
 
 def valid_rows(
