@@ -1,4 +1,5 @@
-"""Drafters side by side on the embedded model: none / n-gram / Medusa / EAGLE.
+"""Drafters side by side on the embedded model: none / n-gram / Medusa / EAGLE, and each head
+behind prompt lookup (ngram+medusa / ngram+eagle: spec/hybrid.py).
 
 On the evaluation prompts (bench/prompts/spec_bench.jsonl: conversation, translation,
 summarization, qa, math, rag; never trained on), chat-rendered, fp32, in one process on the
@@ -24,6 +25,7 @@ take turns prompt by prompt (batch by batch), so drift in the machine's speed hi
     python bench/drafters.py --threads 1 --adaptive-batch1
     python bench/drafters.py --trees 3 4,1    # learned drafters with trees beside their chains
     python bench/drafters.py --heads old=eagle-old.safetensors
+    python bench/drafters.py --drafters ngram eagle ngram+eagle
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from verispec.engine.llm import LLM
 from verispec.spec.metrics import SpecDecodeStats
 
 PROMPTS = Path(__file__).parent / "prompts" / "spec_bench.jsonl"
-DRAFTERS = ("none", "ngram", "medusa", "eagle")
+DRAFTERS = ("none", "ngram", "medusa", "eagle", "ngram+medusa", "ngram+eagle")
 KV_GIB = 0.5  # per tree engine: enough for 16 requests, and a dozen engines fit in memory
 
 
@@ -59,14 +61,15 @@ def load(per_category: int) -> list[dict[str, str]]:
     return chosen
 
 
-def engines(k: int, adaptive: bool, trees: list[str], heads: dict[str, str], control: bool) -> dict[str, LLM]:
+def engines(drafters: list[str], k: int, adaptive: bool, trees: list[str], heads: dict[str, str],
+            control: bool) -> dict[str, LLM]:
     """One engine per drafter and per extra head file (and the control), and per tree shape one
     per learned drafter ("eagle tree 3")."""
-    drafts = {name: name for name in DRAFTERS} | heads | ({"none control": "none"} if control else {})
+    drafts = {name: name for name in drafters} | heads | ({"none control": "none"} if control else {})
     llms = {name: LLM(draft=draft, num_speculative_tokens=k, adaptive=adaptive, progress=False)
             for name, draft in drafts.items()}
     for text in trees:
-        for name in ("medusa", "eagle"):
+        for name in [d for d in drafters if d.endswith(("medusa", "eagle"))]:
             llms[f"{name} tree {text}"] = LLM(draft=name, tree=parse_tree(text), adaptive=adaptive,
                                               kv_cache_gib=KV_GIB, progress=False)
     return llms
@@ -131,6 +134,8 @@ def run_batches(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Sam
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS,
+                        help="which drafters run ('none' always does)")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("-k", type=int, default=4)
@@ -146,6 +151,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
     args = parser.parse_args()
     heads = dict(item.split("=", 1) for item in args.heads if "=" in item)
+    drafters = ["none", *(d for d in args.drafters if d != "none")]
     if len(heads) != len(args.heads) or set(heads) & set(DRAFTERS):
         parser.error(f"--heads takes NAME=FILE with a NAME other than {DRAFTERS}, got {args.heads}")
     torch.set_num_threads(args.threads)
@@ -168,11 +174,11 @@ def main() -> None:
 
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     if not args.adaptive_only:
-        fixed = engines(args.k, adaptive=False, trees=args.trees, heads=heads, control=args.control)
+        fixed = engines(drafters, args.k, adaptive=False, trees=args.trees, heads=heads, control=args.control)
         for mode, params in (("greedy", greedy), ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
             report(1, mode, str(args.k), run_batch1(fixed, prompts, params))
         del fixed
-    adaptive = engines(args.k, adaptive=True, trees=args.trees, heads=heads, control=args.control)
+    adaptive = engines(drafters, args.k, adaptive=True, trees=args.trees, heads=heads, control=args.control)
     if args.adaptive_batch1:
         report(1, "greedy", "adaptive", run_batch1(adaptive, prompts, greedy))
     report(args.batch, "greedy", "adaptive", run_batches(adaptive, prompts, greedy, args.batch))

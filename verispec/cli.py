@@ -80,8 +80,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                         help="a .gguf file or Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default="ngram",
                         help="'ngram' (prompt lookup, default), 'eagle' or 'medusa' (learned heads shipped for "
-                             "the embedded model), a head file from `verispec train-drafter`, 'none', or a "
-                             "draft model path sharing the tokenizer")
+                             "the embedded model), a head file from `verispec train-drafter`, 'ngram+eagle', "
+                             "'ngram+medusa' or 'ngram+HEAD_FILE' (prompt lookup where the context repeats "
+                             "itself, the head elsewhere), 'none', or a draft model path sharing the tokenizer")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K", help=k_help)
     parser.add_argument("--tree", type=_tree_shape, default=None, metavar="B1,B2,...|dynamic[:N,D,K]",
                         help="tree speculation, verified exactly; replaces -k (default: off, chains of K "

@@ -114,7 +114,8 @@ class DraftCost:
                 + depth * (self.per_position + self.per_row * num_requests))
 
 
-METHODS = ("ngram", "draft_model", "eagle", "medusa", "none")
+METHODS = ("ngram", "draft_model", "eagle", "medusa", "ngram+eagle", "ngram+medusa", "none")
+LEARNED_METHODS = ("eagle", "medusa", "ngram+eagle", "ngram+medusa")  # those that take a head file
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ class SpeculativeConfig:
     method: "ngram" (prompt lookup, no model), "draft_model" (a smaller model sharing the target's
         tokenizer, given by `draft_model`), "eagle" / "medusa" (learned heads on the target's
         hidden states: `draft_model` names a head file, or None for the heads shipped for the
-        embedded model), or "none".
+        embedded model), "ngram+eagle" / "ngram+medusa" (prompt lookup for a request whose
+        context has an n-gram match, the head otherwise; spec/hybrid.py), or "none".
     num_speculative_tokens: K, the most draft tokens per request per step.
     ngram_min / ngram_max: n-gram sizes tried, longest first.
     adaptive: choose each request's K per step from its acceptance so far, and trim the step's
@@ -165,9 +167,9 @@ class SpeculativeConfig:
             "num_speculative_tokens", self.num_speculative_tokens, "an integer in [0, 64]",
         )
         _require(self.draft_model is not None if self.method == "draft_model"
-                 else self.draft_model is None or self.method in ("eagle", "medusa"), "draft_model",
+                 else self.draft_model is None or self.method in LEARNED_METHODS, "draft_model",
                  self.draft_model, "a model path for method 'draft_model', optionally a head file "
-                 "for 'eagle' / 'medusa', None otherwise")
+                 f"for {LEARNED_METHODS}, None otherwise")
         _positive_int("ngram_min", self.ngram_min)
         _require(isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min, "ngram_max",
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")

@@ -120,34 +120,36 @@ def generation_demo() -> None:
     print(f"identical to non-speculative greedy output: {'yes' if same else 'NO'}\n")
 
 
+DEMO_DRAFTERS = ("none", "ngram", "medusa", "ngram+eagle", "eagle")  # the last one streams
 OPEN_PROMPT = "Explain why the sky is blue to a ten-year-old, in a few sentences."
 
 
 def learned_demo() -> None:
     """An open prompt, where n-gram lookup finds little to copy: the learned heads shipped for
-    the embedded model against n-gram drafts and no speculation, greedy, same tokens required."""
+    the embedded model (alone, and behind prompt lookup) against n-gram drafts and no
+    speculation, greedy, same tokens required."""
     from .cli import stream_to_stdout
     from .engine.llm import LLM
 
     print("== Part 2: learned drafters (EAGLE / Medusa heads trained here) on an open prompt ==\n")
     llms = {name: LLM(draft=name, num_speculative_tokens=4, kv_cache_gib=0.25, progress=False)
-            for name in ("none", "ngram", "medusa", "eagle")}
+            for name in DEMO_DRAFTERS}
     prompt = llms["none"].tokenizer.apply_chat_template([{"role": "user", "content": OPEN_PROMPT}])
     params = SamplingParams(temperature=0, max_tokens=96)
     print(f"user: {OPEN_PROMPT}\nassistant (streamed, EAGLE drafts, K=4):\n")
     last, seconds = stream_to_stdout(llms["eagle"], prompt, params)
     results = {"eagle": (last, seconds)}
-    for name in ("none", "ngram", "medusa"):
+    for name in DEMO_DRAFTERS[:-1]:
         start = time.perf_counter()
         (out,) = llms[name].generate([prompt], params, use_tqdm=False)
         results[name] = (out, time.perf_counter() - start)
     reference = results["none"][0].token_ids
-    print(f"\n\n{'drafter':<8} {'tok/s':>6} {'x none':>6} {'tokens/step':>11} {'same tokens':>11}")
+    print(f"\n\n{'drafter':<11} {'tok/s':>6} {'x none':>6} {'tokens/step':>11} {'same tokens':>11}")
     base = len(reference) / results["none"][1]
-    for name in ("none", "ngram", "medusa", "eagle"):
+    for name in DEMO_DRAFTERS:
         out, secs = results[name]
         rate = len(out.token_ids) / secs
-        print(f"{name:<8} {rate:>6.1f} {rate / base:>6.2f} {out.stats.mean_acceptance_length:>11.2f} "
+        print(f"{name:<11} {rate:>6.1f} {rate / base:>6.2f} {out.stats.mean_acceptance_length:>11.2f} "
               f"{'yes' if out.token_ids == reference else 'NO':>11}")
     print("tokens/step: tokens emitted per target forward pass (accepted drafts + 1).\n")
 

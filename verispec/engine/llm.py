@@ -20,17 +20,19 @@ from typing import Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..config import CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
+from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
 from ..model import LlamaModel, load_model
 from ..sampling_params import SamplingParams
 from ..spec.base import Drafter
 from ..spec.draft_model import DraftModelDrafter, draft_model_cost
 from ..spec.eagle import EagleDrafter
 from ..spec.heads import KINDS, head_config, load_head, shipped_head
+from ..spec.hybrid import HybridDrafter
 from ..spec.medusa import MedusaDrafter
 from ..spec.ngram import NgramDrafter
 from .engine import LLMEngine, PreparedRequest, RequestOutput
 
+HYBRID = "ngram+"  # a `draft` prefix: prompt lookup first, the named head otherwise (spec/hybrid.py)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 Prompt = str | list[int]
@@ -53,9 +55,18 @@ def _draft_method(draft: object) -> tuple[str, str | None]:
         return draft, None
     if not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft is {type(draft).__name__}: expected a str")
-    if str(draft).endswith(".safetensors"):
-        return head_config(draft).kind, str(draft)
-    return "draft_model", str(draft)
+    text = str(draft)
+    if text.startswith(HYBRID):
+        head = text[len(HYBRID):]
+        if head in KINDS:
+            return text, None
+        if not head.endswith(".safetensors"):
+            raise ValueError(f"draft={text!r} is invalid: after {HYBRID!r} expected 'eagle', 'medusa' or "
+                             "a head file (.safetensors)")
+        return HYBRID + head_config(head).kind, head
+    if text.endswith(".safetensors"):
+        return head_config(text).kind, text
+    return "draft_model", text
 
 
 def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks: int,
@@ -84,7 +95,9 @@ class LLM:
         Face checkpoint directory.
     draft: "ngram" (prompt lookup, the default), "eagle" or "medusa" (the learned heads shipped
         for the embedded model), a head file (.safetensors, from `verispec train-drafter`),
-        "none", or a draft model (path as for `model`) that shares the target's tokenizer.
+        "ngram+eagle", "ngram+medusa" or "ngram+<head file>" (prompt lookup for a request whose
+        context has an n-gram match, the head otherwise), "none", or a draft model (path as
+        for `model`) that shares the target's tokenizer.
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
         speculation off, whatever `draft` names.
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
@@ -153,9 +166,12 @@ class LLM:
                 )
             drafter = DraftModelDrafter(draft_model, kv_blocks_for(draft_model, kv_cache_gib, block_size), block_size,
                                         draft_model_cost(draft_model, self.model, spec.row_cost))
-        elif method in KINDS:
-            drafter = _learned_drafter(method, draft_path, self.model,
+        elif method in LEARNED_METHODS:
+            drafter = _learned_drafter(method.removeprefix(HYBRID), draft_path, self.model,
                                        kv_blocks_for(self.model, kv_cache_gib, block_size), block_size)
+            if method.startswith(HYBRID):
+                drafter = HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens),
+                                        drafter)
         config = dataclasses.replace(
             limits,
             max_model_len=min(positions, 8192) if max_model_len is None else max_model_len,
