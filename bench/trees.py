@@ -13,6 +13,7 @@ Greedy rows also say whether the tokens equal those of decoding without drafts (
 
     python bench/trees.py                                   # 2 prompts per category, EAGLE
     python bench/trees.py --draft medusa --chains 2 4 --trees 2,1 3,2,1 dynamic:8,4,2
+    python bench/trees.py --draft ngram+eagle --chains 4 15 --trees dynamic:15,4,8
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--draft", default="eagle", help="'eagle' or 'medusa' (the shipped heads), or a head file")
+    parser.add_argument("--draft", default="eagle", help="'eagle' or 'medusa' (the shipped heads), a head file, "
+                        "or one of them behind prompt lookup ('ngram+eagle', ...)")
     parser.add_argument("--chains", type=int, nargs="+", default=[3, 4, 7], metavar="K")
     parser.add_argument("--trees", nargs="+", default=["3", "2,1", "4", "dynamic:4,4,2", "dynamic:7,4,3"],
                         metavar="B1,B2,...|dynamic:N,D,K")
