@@ -5,7 +5,6 @@ alarm 1e-6) with lookup and head drafts verified side by side in the same steps.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -25,7 +24,7 @@ from .. import learned
 from ..stats import chi_square
 from ..tiny import run_all, tiny_checkpoint, word_tokenizer
 from .test_learned import _drafter as head_drafter
-from .test_tree_spec import _first_tokens
+from .test_tree_spec import sampled_first_tokens
 
 
 class _Counted:
@@ -156,10 +155,7 @@ def test_sampled_hybrid_output_follows_the_target(tree) -> None:
     hybrid = HybridDrafter(NgramDrafter(num_speculative_tokens=3), head_drafter(head))
     counted = _Counted(hybrid)
     engine = _engine(target, hybrid, tree, max_seqs=1024)
-    for i in range(20_000):
-        engine.add_request(learned.SAMPLED_PROMPT, dataclasses.replace(params, seed=i))
-    first, accepted = _first_tokens(engine, 2)
-    first = torch.tensor(first)
+    first, accepted = sampled_first_tokens(engine, params, 2)
     assert accepted > 1000
     assert counted.learned > 20_000 and counted.by_lookup > 1000  # the head drafted beyond first steps
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

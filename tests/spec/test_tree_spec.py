@@ -269,9 +269,11 @@ def test_sampled_trees_are_batch_invariant_and_greedy_requests_beside_them_stay_
     assert accepted > 0
 
 
-def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
-    """Steps the engine, keeping each request's first n tokens and aborting it then; also the
-    drafts accepted until then."""
+def sampled_first_tokens(engine: LLMEngine, params: SamplingParams, n: int) -> tuple[torch.Tensor, int]:
+    """20,000 requests of learned.SAMPLED_PROMPT with `params` seeded 0, 1, ...: each one's
+    first n tokens ([20000, n]), the request aborted then, and the drafts accepted until then."""
+    for i in range(20_000):
+        engine.add_request(learned.SAMPLED_PROMPT, dataclasses.replace(params, seed=i))
     first, accepted = {}, 0
     while engine.has_unfinished():
         for out in engine.step():
@@ -279,7 +281,7 @@ def _first_tokens(engine: LLMEngine, n: int) -> tuple[list[list[int]], int]:
                 first[out.request_id] = out.token_ids[:n]
                 accepted += out.stats.num_accepted_tokens
                 engine.abort(out.request_id)
-    return list(first.values()), accepted
+    return torch.tensor(list(first.values())), accepted
 
 
 @pytest.mark.parametrize("kind,cfg", [("medusa", False), ("medusa", True), ("eagle", False)])
@@ -296,10 +298,7 @@ def test_sampled_tree_output_follows_the_target(kind: str, cfg: bool) -> None:
     drafter = head_drafter(head)
     tree = DynamicTree(6, 3, 2) if kind == "eagle" else (2, 1) if cfg else (3, 2)
     engine = _engine(target, drafter, tree, max_seqs=1024)
-    for i in range(20_000):
-        engine.add_request(learned.SAMPLED_PROMPT, dataclasses.replace(params, seed=i))
-    first, accepted = _first_tokens(engine, 3)
-    first = torch.tensor(first)
+    first, accepted = sampled_first_tokens(engine, params, 3)
     assert accepted > 1000
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
