@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
+from verispec import SamplingParams
 from verispec.config import DynamicTree, SpeculativeConfig, parse_tree
-from verispec.spec.draft_sampling import draw_without_replacement
+from verispec.spec.base import DraftRequest
+from verispec.spec.draft_sampling import draw_without_replacement, grow_tree_batch
 from verispec.spec.trees import Children, GrownTree, branching, grow_trees, static_tree
 
 from ..stats import chi_square
@@ -201,3 +203,18 @@ def test_draws_stop_when_q_has_no_tokens_left() -> None:
     drawn = draw_without_replacement(q, torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int64), 3)
     assert sorted(drawn[0, :2].tolist()) == [1, 3] and drawn[0, 2] == -1
     assert drawn[1].tolist() == [-1, -1, -1]
+
+
+def test_excluded_tokens_are_never_root_children_and_drawn_ones_come_from_q_without_them() -> None:
+    """grow_tree_batch's `exclude` (the hybrid's grafted trees): a greedy request's ranked root
+    children skip the excluded tokens, even where fewer tokens are left than the shape asks
+    for; a sampled request draws from q without them, and that q is its rows."""
+    requests = [DraftRequest("greedy", [1], 3, SamplingParams(temperature=0), seed=0, step=0),
+                DraftRequest("sampled", [1], 3, SamplingParams(temperature=1.0), seed=1, step=0)]
+    root = _probs_logits([[0.5, 0.3, 0.15, 0.05]] * 2)
+    batch = grow_tree_batch(requests, [0, 1], (3,), root, VOCAB, 14, expand=None, exclude=[{10, 12}, {10, 12}])
+    assert batch.node_token_ids[0] == [11, 13]
+    assert sorted(batch.node_token_ids[1]) == [11, 13]
+    expected = torch.zeros(14)
+    expected[11], expected[13] = 0.3 / 0.35, 0.05 / 0.35
+    torch.testing.assert_close(batch.probs[2:], expected.expand(2, -1))

@@ -10,10 +10,14 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from verispec import LLM, SamplingParams
+from verispec import LLM, SamplingMetadata, SamplingParams
 from verispec.config import CacheConfig, DynamicTree, EngineConfig, SpeculativeConfig, TreeShape
 from verispec.engine.engine import LLMEngine
+from verispec.sample import DraftProbs
+from verispec.sample.tree import verify_tree
+from verispec.spec import draft_sampling
 from verispec.spec.base import DraftBatch, Drafter, DraftRequest
+from verispec.spec.draft_sampling import grow_tree_batch
 from verispec.spec.heads import HeadConfig, new_head, save_head
 from verispec.spec.hybrid import HybridDrafter
 from verispec.spec.medusa import MedusaDrafter
@@ -28,34 +32,34 @@ from .test_tree_spec import sampled_first_tokens
 
 
 class _Counted:
-    """Counts the requests that asked the hybrid for drafts, and those it passed to the head;
-    the rest got the lookup's drafts."""
+    """Counts, over a run, the requests the lookup drafted for, those the learned drafter was
+    asked to draft for, and (trees) those whose tree grafted the head's beside a lookup trie."""
 
     def __init__(self, hybrid: HybridDrafter) -> None:
-        self.asked = self.learned = 0
-
-        def counting(drafter: Drafter, name: str, count) -> None:
-            method = getattr(drafter, name)
-
-            def counted(requests, *shape):
-                count(requests)
-                return method(requests, *shape)
-
-            setattr(drafter, name, counted)
-
+        self.by_lookup = self.learned = self.grafted = 0
         for name in ("propose", "propose_tree"):
-            counting(hybrid, name, self._ask)
-            counting(hybrid.learned, name, self._learn)
+            self._spy(hybrid.lookup, name, self._looked_up)
+            self._spy(hybrid.learned, name, self._learn)
 
-    def _ask(self, requests) -> None:
-        self.asked += sum(r.num_draft_tokens > 0 for r in requests)
+    @staticmethod
+    def _spy(drafter: Drafter, name: str, seen) -> None:
+        method = getattr(drafter, name)
 
-    def _learn(self, requests) -> None:
+        def spied(requests, *args):
+            out = method(requests, *args)
+            seen(requests, args, out)
+            return out
+
+        setattr(drafter, name, spied)
+
+    def _looked_up(self, requests, args, out) -> None:
+        drafts = out.node_token_ids if isinstance(out, TreeBatch) else out.token_ids
+        self.by_lookup += sum(map(bool, drafts))
+
+    def _learn(self, requests, args, out) -> None:
         self.learned += len(requests)
-
-    @property
-    def by_lookup(self) -> int:
-        return self.asked - self.learned
+        if len(args) == 2:  # propose_tree(requests, shape, exclude)
+            self.grafted += sum(map(bool, args[1]))
 
 
 def _hybrid(kind: str) -> HybridDrafter:
@@ -73,45 +77,111 @@ def _engine(model, drafter: Drafter | None, tree: TreeShape | None = None, k: in
 
 
 class _Fixed(Drafter):
-    """A learned drafter's stand-in: drafts tokens 1, 2, ... with a uniform q over 4 tokens."""
+    """A learned drafter's stand-in: drafts the tokens 1, 2, ... it is not asked to avoid, with
+    a uniform q over 4 tokens; trees are root children only."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []
+        self.avoided: list[set[int]] = []
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
-        self.asked += [r.request_id for r in requests]
-        tokens = [list(range(1, r.num_draft_tokens + 1)) for r in requests]
-        return DraftBatch(tokens, torch.full((sum(map(len, tokens)), 4), 0.25))
+        return self._drafts(requests, [set() for _ in requests])
 
-    def propose_tree(self, requests: Sequence[DraftRequest], shape) -> TreeBatch:
-        batch = self.propose(requests)
+    def propose_tree(self, requests: Sequence[DraftRequest], shape, exclude=None) -> TreeBatch:
+        batch = self._drafts(requests, [set(e) for e in exclude])
         return TreeBatch(batch.token_ids, [[-1] * len(t) for t in batch.token_ids], batch.probs, replacement=False)
+
+    def _drafts(self, requests: Sequence[DraftRequest], avoid: list[set[int]]) -> DraftBatch:
+        self.asked += [r.request_id for r in requests]
+        self.avoided += avoid
+        tokens = [[t for t in range(1, r.num_draft_tokens + 1 + len(a)) if t not in a][: r.num_draft_tokens]
+                  for r, a in zip(requests, avoid)]
+        return DraftBatch(tokens, torch.full((sum(map(len, tokens)), 4), 0.25))
 
 
 def _request(rid: str, tokens: list[int], k: int, temperature: float = 0.7) -> DraftRequest:
     return DraftRequest(rid, tokens, k, SamplingParams(temperature=temperature), seed=0, step=0)
 
 
-@pytest.mark.parametrize("tree", [False, True])
-def test_lookup_drafts_where_the_context_repeats_and_the_head_elsewhere(tree: bool) -> None:
+def _requests() -> list[DraftRequest]:
+    return [_request("head-0", [0, 1, 2], 2), _request("lookup", [3, 0, 1, 3], 3),
+            _request("none", [0, 1, 0], 0), _request("head-1", [2, 3], 1, temperature=0)]
+
+
+def test_chains_come_from_the_lookup_where_the_context_repeats_and_from_the_head_elsewhere() -> None:
     """Requests with a match get the lookup's draft and one-hot q rows; the others, and only
     they, go to the learned drafter, whose rows arrive unchanged in batch order."""
     fixed = _Fixed()
-    hybrid = HybridDrafter(NgramDrafter(num_speculative_tokens=3), fixed)
-    requests = [_request("head-0", [0, 1, 2], 2), _request("lookup", [3, 0, 1, 3], 3),
-                _request("none", [0, 1, 0], 0), _request("head-1", [2, 3], 1, temperature=0)]
-    if tree:
-        batch = hybrid.propose_tree(requests, (1, 1, 1))
-        tokens, probs = batch.node_token_ids, batch.probs
-        assert batch.node_parents == [[-1, -1], [-1, 0, 1], [], [-1]] and batch.replacement is False
-    else:
-        batch = hybrid.propose(requests)
-        tokens, probs = batch.token_ids, batch.probs
+    batch = HybridDrafter(NgramDrafter(num_speculative_tokens=3), fixed).propose(_requests())
     assert fixed.asked == ["head-0", "head-1"]
-    assert tokens == [[1, 2], [0, 1, 3], [], [1]]
+    assert batch.token_ids == [[1, 2], [0, 1, 3], [], [1]]
     uniform = torch.full((1, 4), 0.25)
-    expected = torch.cat([uniform, uniform, torch.eye(4)[[0, 1, 3]], uniform])
-    torch.testing.assert_close(probs, expected)
+    torch.testing.assert_close(batch.probs, torch.cat([uniform, uniform, torch.eye(4)[[0, 1, 3]], uniform]))
+
+
+def test_trees_graft_the_head_beside_the_lookup_trie() -> None:
+    """The lookup's trie takes at most half of a request's nodes (rounded up) and comes first;
+    the learned drafter fills the rest under the same root, asked to avoid the trie's root
+    tokens; q rows: one-hot for the trie, the learned drafter's after them."""
+    fixed = _Fixed()
+    batch = HybridDrafter(NgramDrafter(num_speculative_tokens=3), fixed).propose_tree(_requests(), (1, 1, 1))
+    assert fixed.asked == ["head-0", "lookup", "head-1"]
+    assert fixed.avoided == [set(), {0}, set()]
+    assert batch.node_token_ids == [[1, 2], [0, 1, 1], [], [1]]
+    assert batch.node_parents == [[-1, -1], [-1, 0, -1], [], [-1]] and batch.replacement is False
+    uniform = torch.full((1, 4), 0.25)
+    torch.testing.assert_close(batch.probs, torch.cat([uniform, uniform, torch.eye(4)[[0, 1]], uniform, uniform]))
+
+
+class _Drawn(Drafter):
+    """Trees of root children drawn from fixed draft logits by the path EAGLE's and Medusa's
+    trees take (grow_tree_batch: ranked when greedy, drawn without replacement when sampled)."""
+
+    def __init__(self, logits: torch.Tensor) -> None:  # [V]
+        self.logits = logits
+
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
+        return DraftBatch([[] for _ in requests])
+
+    def propose_tree(self, requests: Sequence[DraftRequest], shape, exclude=None) -> TreeBatch:
+        active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
+        vocab = torch.arange(self.logits.numel())
+        return grow_tree_batch(requests, active, shape, self.logits.expand(len(active), -1), vocab,
+                               self.logits.numel(), expand=None, exclude=exclude)
+
+
+def _grafted_first_tokens(n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """n seeded requests of context 5 0 5 at temperature 1 (lookup: token 0 after the match
+    of 5) draft grafted trees of 4 root children: 0 from the lookup, then 3 drawn from a q
+    that favours 0 (0.6) where the target rarely takes it (0.1). Returns the first emitted
+    tokens, p, and how many drawn siblings were 0."""
+    p = torch.tensor([0.1, 0.3, 0.2, 0.2, 0.1, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.6, 0.1, 0.1, 0.1, 0.05, 0.05])
+    params = SamplingParams(temperature=1.0)
+    requests = [DraftRequest(str(i), [5, 0, 5], 4, params, seed=i, step=0) for i in range(n)]
+    batch = HybridDrafter(NgramDrafter(), _Drawn(q.log())).propose_tree(requests, (4,))
+    assert all(len(t) == 4 and t[0] == 0 for t in batch.node_token_ids)
+    ids = torch.tensor([t for tokens in batch.node_token_ids for t in tokens])
+    target = p.log().float().expand(5 * n, -1).contiguous()  # the root row and each node's (bonus) row
+    sampling = SamplingMetadata.from_params([params] * n, seeds=list(range(n)))
+    out = verify_tree(target, ids, torch.full((4 * n,), -1), torch.arange(n + 1) * 4, sampling,
+                      draft=DraftProbs(batch.probs), replacement=batch.replacement)
+    drawn_zeros = int((ids.view(n, 4)[:, 1:] == 0).sum())
+    return out.token_ids[:, 0], p, drawn_zeros
+
+
+def test_grafted_trees_are_exact_only_with_the_lookup_tokens_left_out_of_q(monkeypatch) -> None:
+    """The first emitted token of grafted trees follows p (chi-square, false alarm 1e-6); drawn
+    from q without masking the lookup's token (a sibling may repeat it, and its row would not be
+    the distribution it was drawn from), the same statistic fails."""
+    tokens, p, drawn_zeros = _grafted_first_tokens(20_000)
+    assert drawn_zeros == 0
+    assert chi_square(tokens, p).passed
+    monkeypatch.setattr(draft_sampling, "_masked", lambda logits, *args: logits)
+    tokens, p, drawn_zeros = _grafted_first_tokens(20_000)
+    assert drawn_zeros > 10_000
+    result = chi_square(tokens, p)
+    assert result.statistic > result.threshold, result
 
 
 def test_all_lookup_drafts_need_no_q_rows() -> None:
@@ -140,6 +210,7 @@ def test_greedy_hybrid_output_is_plain_decoding_token_for_token(kind: str, tree)
     assert outputs == plain
     assert accepted > 0
     assert counted.learned > 0 and counted.by_lookup > 0
+    assert (counted.grafted > 0) == (tree is not None)
 
 
 @pytest.mark.parametrize("tree", [None, DynamicTree(6, 3, 2)])
@@ -148,7 +219,8 @@ def test_sampled_hybrid_output_follows_the_target(tree) -> None:
     step has no lookup match (the head drafts), later steps of a request that emitted 1, 2 or 3
     have one, so steps verify lookup drafts (one-hot q) beside head drafts (q of an untrained
     EAGLE head whose draft vocabulary leaves tokens 6 and 7 out; with a tree, EAGLE's dynamic
-    tree drawn without replacement beside lookup tries). The first two emitted tokens against
+    tree drawn without replacement grafted beside lookup tries, its root children drawn from q
+    without the tries' root tokens). The first two emitted tokens against
     p1(y1) p2(y2 | y1)."""
     vocab = learned.SAMPLED_VOCAB
     target, head, params, dist = learned.sampled_world("eagle", False, max_tokens=4)
@@ -158,6 +230,7 @@ def test_sampled_hybrid_output_follows_the_target(tree) -> None:
     first, accepted = sampled_first_tokens(engine, params, 2)
     assert accepted > 1000
     assert counted.learned > 20_000 and counted.by_lookup > 1000  # the head drafted beyond first steps
+    assert (counted.grafted > 1000) == (tree is not None)
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
     p1 = dist([])

@@ -125,6 +125,11 @@ def test_ngram_trees_merge_the_continuations_of_several_matches(shape, budget, t
     assert propose_ngram_tree(context, 1, 2, shape, budget) == (tokens, parents)
 
 
+def test_ngram_trees_leave_out_the_continuations_of_avoided_tokens() -> None:
+    context = np.array([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
+    assert propose_ngram_tree(context, 1, 2, (3, 1, 1), 64, avoid={4}) == ([5, 1, 2, 3, 1, 2], [-1, 0, 1, -1, 3, 4])
+
+
 def test_ngram_trees_share_prefixes() -> None:
     context = np.array([7, 1, 2, 3, 9, 1, 2, 4, 9, 1])  # "1" was followed by "2 3" and "2 4"
     assert propose_ngram_tree(context, 1, 1, (2, 2), 64) == ([2, 4, 3], [-1, 0, 0])

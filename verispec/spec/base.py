@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -138,10 +139,18 @@ class Drafter(ABC):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""
 
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
+                     exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
         """Draft trees of at most `shape` (a static shape or a DynamicTree, spec/trees.py) and
-        ``num_draft_tokens`` nodes per request. This default drafts a chain with ``propose``: a
-        tree of one branch."""
+        ``num_draft_tokens`` nodes per request. `exclude`, per request: tokens the root's
+        children must avoid because another drafter proposes them as root children verified
+        before this tree's (spec/hybrid.py); a sampled root child is then drawn from q without
+        them, and its q row is that distribution. This default drafts a chain with
+        ``propose``: a tree of one branch, none for a request with exclusions (its chain's
+        first draft could not avoid them)."""
+        if exclude is not None and any(exclude):
+            requests = [dataclasses.replace(r, num_draft_tokens=0) if avoid else r
+                        for r, avoid in zip(requests, exclude, strict=True)]
         batch = self.propose(requests)
         return TreeBatch(batch.token_ids, [list(range(-1, len(t) - 1)) for t in batch.token_ids],
                          batch.probs)

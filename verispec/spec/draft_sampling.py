@@ -12,7 +12,7 @@ takes as it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -151,9 +151,14 @@ def grow_tree_batch(
     vocab: torch.Tensor,  # [N] int64, the target token id of each draft column
     vocab_size: int,
     expand: Expand,
+    exclude: Sequence[Collection[int]] | None = None,  # per request of the call (Drafter.propose_tree)
 ) -> TreeBatch:
     """A head drafter's trees for the call: grow_trees over the active requests' budgets,
-    children picked by tree_children; requests that do not draft get empty trees."""
+    children picked by tree_children; requests that do not draft get empty trees. Excluded
+    tokens get -inf root logits: ranked root children skip them, drawn ones come from the
+    pipeline on the masked logits, which is the q row handed over."""
+    if exclude is not None:
+        root_logits = _masked(root_logits, [exclude[i] for i in active], vocab, vocab_size)
     grown, probs = grow_trees(shape, [requests[i].num_draft_tokens for i in active], root_logits, vocab, expand,
                               tree_children(requests, active, vocab, vocab_size))
     tokens: list[list[int]] = [[] for _ in requests]
@@ -161,6 +166,25 @@ def grow_tree_batch(
     for i, tree in zip(active, grown):
         tokens[i], parents[i] = tree.token_ids, tree.parents
     return TreeBatch(tokens, parents, probs, replacement=False)
+
+
+def _masked(
+    logits: torch.Tensor,  # [R, N] over the draft vocabulary
+    exclude: Sequence[Collection[int]],  # per row, target token ids
+    vocab: torch.Tensor,  # [N] int64, the target token id of each column
+    vocab_size: int,
+) -> torch.Tensor:  # [R, N], -inf at the excluded tokens' columns
+    pairs = [(row, token) for row, tokens in enumerate(exclude) for token in tokens]
+    if not pairs:
+        return logits
+    column = torch.full((vocab_size,), -1, dtype=torch.int64, device=vocab.device)
+    column[vocab] = torch.arange(vocab.numel(), device=vocab.device)
+    rows = torch.tensor([row for row, _ in pairs], dtype=torch.int64, device=logits.device)
+    columns = column[torch.tensor([token for _, token in pairs], dtype=torch.int64, device=vocab.device)]
+    inside = columns >= 0  # a token outside the draft vocabulary is never drafted anyway
+    masked = logits.clone()
+    masked[rows[inside], columns[inside]] = float("-inf")
+    return masked
 
 
 def draw_without_replacement(

@@ -26,7 +26,7 @@ drafts this step: that costs speed, never exactness.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -101,7 +101,8 @@ class EagleDrafter(Drafter):
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
 
     @torch.inference_mode()
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
+                     exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
         """Trees grown from the head (module docstring): top-k for greedy requests, children
         drawn without replacement for sampled ones (spec/trees.py)."""
         # The most nodes a level feeds: a static tree's whole budget at most.
@@ -137,7 +138,7 @@ class EagleDrafter(Drafter):
             return self.head.logits(predicted[torch.tensor([row for _, _, row in picked], device=predicted.device)])
 
         return grow_tree_batch(requests, active, shape, self.head.logits(roots), self.head.draft_vocab,
-                               self.head.config.target_vocab_size, expand)
+                               self.head.config.target_vocab_size, expand, exclude)
 
     def _start(self, requests: Sequence[DraftRequest], draft_rows: Callable[[DraftRequest], int],
                ) -> tuple[list[Feed], list[torch.Tensor], list[int]]:

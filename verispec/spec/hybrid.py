@@ -1,18 +1,28 @@
 """HybridDrafter: prompt lookup where the context repeats itself, a learned head elsewhere.
 
-Per request and step: the n-gram drafter (spec/ngram.py) looks for an earlier occurrence of
-the context's tail; when it finds one, its continuation (a chain, or a trie for trees) is the
-request's draft, otherwise the learned drafter (EAGLE or Medusa) drafts for it. Why: the two
-fail on different text. A lookup match predicts copied spans (summaries, RAG answers, code,
-math restating its operands) better than a small head does, and costs nothing beside a head
-pass; the head predicts where nothing repeats. Measured in docs/benchmarks.md.
+Chains, per request and step: the n-gram drafter (spec/ngram.py) looks for an earlier
+occurrence of the context's tail; when it finds one, its continuation is the request's draft,
+otherwise the learned drafter (EAGLE or Medusa) drafts for it. Why: the two fail on different
+text. A lookup match predicts copied spans (summaries, RAG answers, code, math restating its
+operands) better than a small head does, and costs nothing beside a head pass; the head
+predicts where nothing repeats. Measured in docs/benchmarks.md.
 
-Exactness: the choice depends only on the request's tokens, never on random numbers, and
-lookup drafts are deterministic, so their q is one-hot at each draft token. When the learned
-drafter hands over q rows for its requests, the lookup's requests get one-hot rows beside them
-(a batch holds one probs tensor). One-hot rows are exact in tree verification with and without
-replacement alike (sample/tree.py: the two rules coincide for them), so a batch may mix
-lookup tries with sampled head trees.
+Trees are *grafted*: the lookup's trie of continuations takes at most half of the request's
+nodes, and the learned drafter's tree the rest, beside it under the same root. The trie's root
+children come first in node order, so the verifier tests them first, and the learned tree's
+root children avoid their tokens (Drafter.propose_tree's `exclude`): ranked ones skip them,
+drawn ones come from q without them, and that masked q is their row. Both branches are then
+tested by the multi-draft rule as one sibling group (sample/tree.py). So a grafted tree may
+hold more root children than the shape's branching allows either drafter; its nodes stay
+within the request's budget.
+
+Exactness: which drafter drafts what depends only on the request's tokens, never on random
+numbers, and lookup drafts are deterministic, so their q is one-hot at each draft token. When
+the learned drafter hands over q rows, the lookup's drafts get one-hot rows beside them (a
+batch holds one probs tensor). One-hot rows are exact in tree verification with and without
+replacement alike (sample/tree.py: the two rules coincide for them); a learned sibling after
+them was drawn from its row's q, which holds no mass on the lookup's tokens, with the
+lookup's siblings removed or not, as each rule assumes.
 
 The learned drafter observes every forward pass; a request that drafted by lookup for a while
 catches up on the positions it skipped the next time the head drafts for it (EAGLE feeds them
@@ -22,7 +32,8 @@ as they do with a prompt, until then.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -32,8 +43,9 @@ from .trees import TreeBatch, TreeShape
 
 
 class HybridDrafter(Drafter):
-    """lookup: the n-gram drafter tried first; learned: the drafter for requests it finds no
-    match for (any Drafter; its hidden layers are the hybrid's)."""
+    """lookup: the n-gram drafter tried first; learned: the drafter for chains it finds no
+    match for, and for the rest of every tree (any Drafter; its hidden layers are the
+    hybrid's)."""
 
     def __init__(self, lookup: NgramDrafter, learned: Drafter) -> None:
         self.lookup = lookup
@@ -55,16 +67,27 @@ class HybridDrafter(Drafter):
         found = self.lookup.propose(requests).token_ids
         rest = _unmatched(requests, found)
         learned = self.learned.propose([requests[i] for i in rest])
-        tokens = _merge(found, rest, learned.token_ids)
-        return DraftBatch(tokens, _merge_probs(tokens, rest, learned.probs))
+        return DraftBatch(_merge(found, rest, learned.token_ids),
+                          _merge_probs(found, rest, learned.token_ids, learned.probs))
 
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
-        found = self.lookup.propose_tree(requests, shape)
-        rest = _unmatched(requests, found.node_token_ids)
-        learned = self.learned.propose_tree([requests[i] for i in rest], shape)
-        tokens = _merge(found.node_token_ids, rest, learned.node_token_ids)
-        return TreeBatch(tokens, _merge(found.node_parents, rest, learned.node_parents),
-                         _merge_probs(tokens, rest, learned.probs), learned.replacement)
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
+                     exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
+        """Grafted trees (module docstring): the lookup's trie in at most half of each
+        request's nodes, the learned drafter's tree in the rest."""
+        halves = [dataclasses.replace(r, num_draft_tokens=-(-r.num_draft_tokens // 2)) for r in requests]
+        found = self.lookup.propose_tree(halves, shape, exclude)
+        left = [dataclasses.replace(r, num_draft_tokens=r.num_draft_tokens - len(t))
+                for r, t in zip(requests, found.node_token_ids)]
+        rest = [i for i, r in enumerate(left) if r.num_draft_tokens > 0]
+        avoid = [{t for t, p in zip(found.node_token_ids[i], found.node_parents[i]) if p < 0}
+                 | set(exclude[i] if exclude is not None else ()) for i in rest]
+        learned = self.learned.propose_tree([left[i] for i in rest], shape, avoid)
+        tokens, parents = list(found.node_token_ids), list(found.node_parents)
+        for i, grown, grown_parents in zip(rest, learned.node_token_ids, learned.node_parents):
+            tokens[i] = tokens[i] + grown
+            parents[i] = parents[i] + [p + len(found.node_token_ids[i]) if p >= 0 else -1 for p in grown_parents]
+        probs = _merge_probs(found.node_token_ids, rest, learned.node_token_ids, learned.probs)
+        return TreeBatch(tokens, parents, probs, learned.replacement)
 
 
 def _unmatched(requests: Sequence[DraftRequest], found: list[list[int]]) -> list[int]:
@@ -81,22 +104,23 @@ def _merge(found: list[list[int]], rest: list[int], learned: list[list[int]]) ->
 
 
 def _merge_probs(
-    tokens: list[list[int]],
-    rest: list[int],
-    learned: torch.Tensor | None,  # [learned drafts, V] float32, the requests of `rest` in order
+    found: list[list[int]],  # per request, the lookup's draft tokens (maybe none)
+    rest: list[int],  # the requests the learned drafter drafted for, in order
+    drafted: list[list[int]],  # its drafts for them
+    probs: torch.Tensor | None,  # [learned drafts, V] float32, its q rows
 ) -> torch.Tensor | None:  # [all drafts, V] float32
-    """The batch's q rows: the learned drafter's for its requests, one-hot rows at the lookup's
-    draft tokens for the others; None when every row would be one-hot."""
-    if learned is None or not rest:
+    """The batch's q rows, per request in batch order: one-hot rows at the lookup's tokens, then
+    the learned drafter's rows for its drafts; None when every row would be one-hot."""
+    if probs is None or probs.shape[0] == 0:
         return None
-    from_learned = set(rest)
+    counts = dict(zip(rest, map(len, drafted)))
     rows, offset = [], 0
-    for i, drafts in enumerate(tokens):
-        if i in from_learned:
-            rows.append(learned[offset : offset + len(drafts)])
-            offset += len(drafts)
-        elif drafts:
-            ids = torch.tensor(drafts, device=learned.device)
-            rows.append(torch.zeros(len(drafts), learned.shape[1], device=learned.device,
-                                    dtype=learned.dtype).scatter_(1, ids[:, None], 1.0))
+    for i, tokens in enumerate(found):
+        if tokens:
+            ids = torch.tensor(tokens, device=probs.device)
+            rows.append(torch.zeros(len(tokens), probs.shape[1], device=probs.device,
+                                    dtype=probs.dtype).scatter_(1, ids[:, None], 1.0))
+        n = counts.get(i, 0)
+        rows.append(probs[offset : offset + n])
+        offset += n
     return torch.cat(rows)

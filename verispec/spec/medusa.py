@@ -11,7 +11,7 @@ verifier allows: it needs only the distribution each draft was drawn from.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -60,7 +60,8 @@ class MedusaDrafter(Drafter):
         return active, torch.cat(features) if features else None
 
     @torch.inference_mode()
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
+                     exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
         """Trees grown from the heads (spec/trees.py): every node at depth k takes its children
         from head k + 1, as in Medusa's static trees (a dynamic tree ranks them by the heads'
         confidence); no deeper than there are heads; top-k for greedy requests, drawn without
@@ -78,7 +79,7 @@ class MedusaDrafter(Drafter):
             return torch.stack([logits[trees[r].depths[j], r] for r, chosen in enumerate(nodes) for j in chosen])
 
         return grow_tree_batch(requests, active, shape, logits[0], self.heads.draft_vocab,
-                               self.heads.config.target_vocab_size, expand)
+                               self.heads.config.target_vocab_size, expand, exclude)
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:

@@ -28,7 +28,7 @@ is rebuilt from scratch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -128,14 +128,19 @@ def propose_ngram_tree(
     max_n: int,
     shape: tuple[int, ...],
     budget: int,
+    avoid: Collection[int] = (),
 ) -> tuple[list[int], list[int]]:
-    """(node tokens, node parents) of the trie of match continuations (module docstring)."""
+    """(node tokens, node parents) of the trie of match continuations (module docstring),
+    leaving out the continuations that start with a token of `avoid`."""
     node_tokens: list[int] = []
     parents: list[int] = []
     children: dict[int, dict[int, int]] = {-1: {}}  # node -> its children by token
     for end in match_ends(tokens, min_n, max_n) if budget > 0 else []:
         node = -1
-        for depth, token in enumerate(continuation(tokens, end, len(shape))):
+        follow = continuation(tokens, end, len(shape))
+        if follow[0] in avoid:
+            continue
+        for depth, token in enumerate(follow):
             if token in children[node]:
                 node = children[node][token]
                 continue
@@ -180,12 +185,14 @@ class NgramDrafter(Drafter):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         return DraftBatch(token_ids=[self._propose_one(r) for r in requests], probs=None)
 
-    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape) -> TreeBatch:
+    def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
+                     exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
         """Tries of continuations (module docstring), of at most each request's
         ``num_draft_tokens`` nodes (num_speculative_tokens does not cap trees); a dynamic tree
         bounds them by its depth and top_k."""
-        trees = [propose_ngram_tree(self._tokens(r), self.min_n, self.max_n, branching(shape), r.num_draft_tokens)
-                 for r in requests]
+        avoid = exclude if exclude is not None else [()] * len(requests)
+        trees = [propose_ngram_tree(self._tokens(r), self.min_n, self.max_n, branching(shape), r.num_draft_tokens, a)
+                 for r, a in zip(requests, avoid, strict=True)]
         return TreeBatch([t for t, _ in trees], [p for _, p in trees])
 
     def _propose_one(self, request: DraftRequest) -> list[int]:

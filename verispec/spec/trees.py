@@ -30,6 +30,7 @@ before drawing); the rank of a drawn node is its draw's place.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -162,12 +163,15 @@ Pick = Callable[[torch.Tensor, list[tuple[int, int]], list[GrownTree], int], Chi
 
 
 def top_children(vocab: torch.Tensor) -> Pick:  # vocab: [N] int64, the token id of each column
-    """Deterministic children: each row's `width` most likely tokens."""
+    """Deterministic children: each row's `width` most likely tokens (tokens with -inf logits,
+    masked out, are never children)."""
 
     def pick(logits: torch.Tensor, rows: list[tuple[int, int]], trees: list[GrownTree], width: int) -> Children:
         top = logits.float().log_softmax(-1).topk(min(width, logits.shape[-1]), dim=-1)  # logits: [rows, N]
-        values = top.values.tolist()
-        return Children(vocab[top.indices].tolist(), values, None, [False] * len(rows), values)
+        kept = [[(t, v) for t, v in zip(tokens, values) if math.isfinite(v)]
+                for tokens, values in zip(vocab[top.indices].tolist(), top.values.tolist())]
+        values = [[v for _, v in row] for row in kept]
+        return Children([[t for t, _ in row] for row in kept], values, None, [False] * len(rows), values)
 
     return pick
 
