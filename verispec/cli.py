@@ -91,7 +91,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                              "confidence, N nodes, D levels, the K best nodes expanded per level with K "
                              "children each (default dynamic:16,5,4); EAGLE and Medusa grow trees "
                              "(the likeliest children when greedy, children drawn from the draft "
-                             "distribution when sampling), n-gram fills tries, a draft model drafts a "
+                             "distribution when sampling), n-gram fills tries, ngram+eagle grafts the "
+                             "lookup's tries and the head's tree into one, a draft model drafts a "
                              "chain; a request drafts its whole tree only while its acceptance pays "
                              "for the tree's rows at the current batch size")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
