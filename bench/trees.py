@@ -14,6 +14,7 @@ Greedy rows also say whether the tokens equal those of decoding without drafts (
     python bench/trees.py                                   # 2 prompts per category, EAGLE
     python bench/trees.py --draft medusa --chains 2 4 --trees 2,1 3,2,1 dynamic:8,4,2
     python bench/trees.py --draft ngram+eagle --chains 4 15 --trees dynamic:15,4,8
+    python bench/trees.py --draft ngram+eagle --chain-draft eagle --chains 15 --trees dynamic:15,4,4
 """
 
 from __future__ import annotations
@@ -33,15 +34,18 @@ from verispec.engine.llm import LLM
 KV_GIB = 0.25
 
 
-def engines(draft: str, chains: list[int], trees: list[str]) -> tuple[dict[str, LLM], dict[str, int]]:
+def engines(draft: str, chains: list[int], trees: list[str],
+            chain_draft: str | None = None) -> tuple[dict[str, LLM], dict[str, int]]:
     """By label, with the verify rows each plans per step; adaptive K off, so that every step
-    drafts the whole chain or tree. Small KV caches (batch 1 needs a few thousand slots) keep a
-    dozen engines in memory."""
+    drafts the whole chain or tree; chains (and blocks) drafted by `chain_draft` (default:
+    `draft`). Small KV caches (batch 1 needs a few thousand slots) keep a dozen engines in
+    memory."""
     llms, planned = {"none": LLM(draft="none", kv_cache_gib=KV_GIB, progress=False)}, {"none": 1}
     for k in chains:
         for verification in ("token", "block"):
             name = f"{'chain' if verification == 'token' else 'block'} {k}"
-            llms[name] = LLM(draft=draft, num_speculative_tokens=k, adaptive=False, verification=verification,
+            llms[name] = LLM(draft=chain_draft or draft, num_speculative_tokens=k, adaptive=False,
+                             verification=verification,
                              kv_cache_gib=KV_GIB, progress=False)
             planned[name] = 1 + k
     for text in trees:
@@ -57,6 +61,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--draft", default="eagle", help="'eagle' or 'medusa' (the shipped heads), a head file, "
                         "or one of them behind prompt lookup ('ngram+eagle', ...)")
+    parser.add_argument("--chain-draft", default=None,
+                        help="drafter of the chains and blocks, when it should differ from --draft (e.g. "
+                             "EAGLE's chains against ngram+eagle's grafted trees)")
     parser.add_argument("--chains", type=int, nargs="+", default=[3, 4, 7], metavar="K")
     parser.add_argument("--trees", nargs="+", default=["3", "2,1", "4", "dynamic:4,4,2", "dynamic:7,4,3"],
                         metavar="B1,B2,...|dynamic:N,D,K")
@@ -65,10 +72,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompts = load(args.per_category)
-    llms, planned = engines(args.draft, args.chains, args.trees)
+    llms, planned = engines(args.draft, args.chains, args.trees, args.chain_draft)
     chain_at = {rows: name for name, rows in planned.items() if name.startswith("chain")}
     print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, "
-          f"{args.threads} threads, batch 1, drafter {args.draft}")
+          f"{args.threads} threads, batch 1, drafter {args.draft}"
+          + (f", chains and blocks by {args.chain_draft}" if args.chain_draft else ""))
     print(f"{'mode':>7} {'drafts':>18} {'rows':>5} {'rows/step':>9} {'accept len':>10} {'x chain':>7} "
           f"{'tok/s':>7} {'x none':>6}")
     rows = []
@@ -87,7 +95,8 @@ def main() -> None:
             rows.append({"mode": mode, "drafts": name, "planned_rows": planned[name], "speedup_vs_none": ratio,
                          "acceptance_vs_chain": vs_chain, "same_as_none": same,
                          **{k: v for k, v in r.items() if k != "outputs"}})
-    write_json(args.json, torch.device("cpu"), rows, max_tokens=args.max_tokens, prompts=len(prompts))
+    write_json(args.json, torch.device("cpu"), rows, max_tokens=args.max_tokens, prompts=len(prompts),
+               draft=args.draft, chain_draft=args.chain_draft or args.draft)
 
 
 if __name__ == "__main__":
