@@ -1,7 +1,9 @@
-"""HybridDrafter (prompt lookup first, a learned head for the requests it finds no match for):
-routing and the merged q rows; through the engine, greedy output token for token that of
-plain decoding (chains and trees), sampled output distributed as the target (chi-square, false
-alarm 1e-6) with lookup and head drafts verified side by side in the same steps."""
+"""HybridDrafter (prompt lookup first, a learned head for the chains it finds no match for,
+trees grafted from both): routing and the merged q rows; grafted sibling groups exact only
+with the lookup's tokens masked out of the head's q (chi-square, false alarm 1e-6, and the
+unmasked version failing it); through the engine, greedy output token for token that of plain
+decoding (chains and trees), sampled output distributed as the target with lookup and head
+drafts verified side by side in the same steps."""
 
 from __future__ import annotations
 
