@@ -7,6 +7,8 @@ chat-rendered) with its hidden states recorded (verispec.train.record), and the 
 over each answer as in training (train/unroll.py: pass j is the j-th draft of a chain whose
 earlier drafts were accepted), so every row is a draft the head would make on the target's
 greedy trajectory, side by side for every rule:
+- per category: greedy acceptance of first drafts, and how many of the target's greedy tokens
+  the draft vocabulary holds at all (a draft outside it cannot be made);
 - calibration: greedy acceptance (the head's argmax is the target's) by the head's top-1
   probability, first drafts;
 - draft temperature: the chance sum(min(p, q)) that a first draft drawn from q is accepted at
@@ -37,6 +39,8 @@ from verispec import SamplingParams
 from verispec.config import CacheConfig, EngineConfig
 from verispec.model.llama import rms_norm
 from verispec.model.loader import load_model
+from verispec.sample.metadata import SamplingMetadata
+from verispec.sample.processors import process_logits
 from verispec.spec.heads import EagleHead, load_head, shipped_head
 from verispec.train.command import recorded_layers
 from verispec.train.record import record
@@ -48,10 +52,12 @@ THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5)
 BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
 
 
-def top_p(probs: torch.Tensor, p: float = 0.9) -> torch.Tensor:  # [R, V] -> [R, V] renormalised
-    values, order = probs.sort(-1, descending=True)
-    kept = torch.zeros_like(probs).scatter_(1, order, values * ((values.cumsum(-1) - values) < p))
-    return kept / kept.sum(-1, keepdim=True)
+def sampled(logits: torch.Tensor, temperature: float) -> torch.Tensor:  # [R, V] -> [R, V] probabilities
+    """The engine's own sampling pipeline (verispec.sample.processors) at `temperature` and
+    top-p 0.9, the sampled mode of bench/drafters.py."""
+    sampling = SamplingMetadata.from_params([SamplingParams(temperature=temperature, top_p=0.9, seed=0)])
+    rows = torch.zeros(logits.shape[0], dtype=torch.int64)
+    return process_logits(logits, rows, sampling).softmax(-1)
 
 
 def on_draft_vocab(p: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, N + 1]
@@ -65,7 +71,10 @@ def rrs_acceptance(p: torch.Tensor, q: torch.Tensor, k: int, first: torch.Tensor
                    generator: torch.Generator, reps: int = 8) -> float:
     """Chance that one of k root children is accepted (p, q: [R, N + 1] float64): drawn without
     replacement from q, tested by recursive rejection sampling; with `first` ([R] columns), that
-    token comes first as a deterministic draft and the others are drawn from q without it."""
+    token comes first as a deterministic draft and the others are drawn from q without it.
+    This restates the verifier's sibling rule (verispec/sample/tree.py) on the reduced
+    [R, N + 1] layout: verify_tree needs full-vocabulary rows, too much memory for every row of
+    every answer at once. tests/sample/ prove the verifier's rule, not this copy."""
     total = 0.0
     for _ in range(reps):
         residual, weights = p.clone(), q.clone()
@@ -127,25 +136,32 @@ def main() -> None:
     head = load_head(args.head or shipped_head("eagle"), model)
     if not isinstance(head, EagleHead):
         raise SystemExit(f"--head={args.head!r} is a {head.config.kind} head: expected an EAGLE head")
-    prompts = [row["prompt"] for row in load(args.per_category)]
+    rows_in = load(args.per_category)
+    prompts = [row["prompt"] for row in rows_in]
     params = [SamplingParams(temperature=0, max_tokens=args.max_tokens)] * len(prompts)
     config = EngineConfig(max_num_seqs=len(prompts), max_num_batched_tokens=2048, cache=CacheConfig(16, 4096))
     dataset = record(model, tokenizer, prompts, params, config, layers=recorded_layers(model.config.num_layers))
+    if len(dataset) != len(prompts):
+        raise SystemExit(f"{len(prompts) - len(dataset)} of {len(prompts)} answers failed to record")
     vocab = head.draft_vocab
 
     confidence, hits, scaled, groups, chains = [], [], {t: [] for t in TAUS}, [], []
+    by_category: dict[str, list[torch.Tensor]] = {}  # category -> [hits, greedy token in the draft vocabulary]
     with torch.no_grad():
-        for logits, target, first, starts in probe_rows(head, model.norm.detach(), model.lm_head.weight.detach(),
-                                                        dataset, model.config.rms_norm_eps):
+        for row, (logits, target, first, starts) in zip(rows_in, probe_rows(
+                head, model.norm.detach(), model.lm_head.weight.detach(), dataset, model.config.rms_norm_eps)):
             greedy = target.argmax(-1)
             z, t = logits[0][first], target[first]
             confidence.append(z.softmax(-1).amax(-1))
             hits.append(vocab[z.argmax(-1)] == greedy[first])
-            p = on_draft_vocab(top_p((t / 0.7).softmax(-1)), vocab).double()
+            pair = by_category.setdefault(row["category"], [[], []])
+            pair[0].append(hits[-1])
+            pair[1].append(torch.isin(greedy[first], vocab))
+            p = on_draft_vocab(sampled(t, 0.7), vocab).double()
             for tau in TAUS:
-                q = top_p((z / (0.7 * tau)).softmax(-1)).double()
+                q = sampled(z, 0.7 * tau).double()
                 scaled[tau].append(torch.minimum(p[:, :-1], q).sum(-1))
-            q = torch.cat((top_p((z / 0.7).softmax(-1)), z.new_zeros(z.shape[0], 1)), dim=1).double()
+            q = torch.cat((sampled(z, 0.7), z.new_zeros(z.shape[0], 1)), dim=1).double()
             ranked = q.topk(DEPTH, dim=-1).indices
             groups.append(torch.tensor([[rrs_acceptance(p, q, k, None, generator),
                                          p.gather(1, ranked[:, :k]).sum(-1).mean().item(),
@@ -158,6 +174,14 @@ def main() -> None:
     rows = []
     print(f"{len(prompts)} evaluation prompts, {hits.numel()} first drafts, greedy first-draft acceptance "
           f"{hits.mean():.3f}")
+
+    print("\nper category (first drafts): greedy acceptance, and the share of the target's greedy tokens "
+          "inside the draft vocabulary (the ceiling)")
+    for category, (hit, inside) in by_category.items():
+        hit, inside = torch.cat(hit).double(), torch.cat(inside).double()
+        print(f"  {category:<14} n={hit.numel():5d}  accepted {hit.mean():.3f}  in vocabulary {inside.mean():.3f}")
+        rows.append({"probe": "category", "category": category, "n": hit.numel(),
+                     "accepted": hit.mean().item(), "in_vocabulary": inside.mean().item()})
 
     print("\ncalibration (first drafts): head top-1 probability -> share accepted greedy")
     for low, high in zip(BUCKETS, BUCKETS[1:]):

@@ -2,6 +2,7 @@
 
     verispec generate "Write a haiku about the sea"          # chat template, n-gram drafts
     verispec generate --temperature 0 -k 8 "Repeat: ..."       # greedy, up to 8 drafts per step
+    verispec generate --draft ngram+eagle --tree 3 "Explain rainbows."  # lookup + learned head
     verispec generate --draft none --no-chat "Once upon a time"
     verispec serve --port 8000                                  # OpenAI-compatible HTTP server
 """
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
     from .model import Tokenizer
 
 EPILOG = """\
-Speculative decoding here is exact: with --draft ngram or a draft model, the output follows the
-same distribution as without it (greedy output is identical token for token); drafts only change
-the speed. The summary line reports tokens/s, the fraction of draft tokens accepted, and the mean
+Speculative decoding here is exact: with any --draft (n-gram, the EAGLE or Medusa heads, a head
+file, a draft model) and any --tree, the output follows the same distribution as without it
+(greedy output is identical token for token); drafts only change the speed. The summary line reports tokens/s, the fraction of draft tokens accepted, and the mean
 number of tokens emitted per verification step.
 
 Classifier-free guidance: --guidance-scale 1.5 steers away from --negative-prompt (default: the
@@ -162,8 +163,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-tokens", type=int, default=96, help="tokens per held-out answer (default 96)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4,
                    help="K for the held-out acceptance (Medusa: also its number of heads; default 4)")
-    p.add_argument("--draft-vocab", type=int, default=8192,
+    p.add_argument("--draft-vocab", type=int, default=None,
                    help="draft vocabulary: the N most frequent tokens of the recorded answers (default 8192)")
+    p.add_argument("--init", default=None, metavar="HEAD",
+                   help="start from this head file instead of random weights, e.g. to adapt a head to "
+                        "your own --prompts ('eagle' / 'medusa': the heads shipped for the embedded "
+                        "model); the file gives the architecture and draft vocabulary")
     p.add_argument("--epochs", type=int, default=None, help="passes over the recorded data (default 8)")
     p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 2e-3)")
     p.add_argument("--batch-tokens", type=int, default=None, help="tokens per training step (default 1024)")

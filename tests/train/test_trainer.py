@@ -151,6 +151,37 @@ def test_train_drafter_command_trains_a_fused_eagle_head(tmp_path, capsys) -> No
     assert "--fused and --unroll are for --kind eagle, not --kind medusa" in capsys.readouterr().err
 
 
+def test_train_drafter_init_starts_from_a_head_file(tmp_path, capsys) -> None:
+    """--init: the head file's architecture, draft vocabulary and weights are where training
+    starts (with a negligible learning rate the trained head is the initial one)."""
+    tiny_checkpoint(tmp_path / "model", vocab=16)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "x", "prompt": f"t{i % 16} t{(i * 3) % 16}"}) + "\n"
+                               for i in range(12)))
+    first, second = tmp_path / "first.safetensors", tmp_path / "second.safetensors"
+    common = ["train-drafter", "--kind", "eagle", "--model", str(tmp_path / "model"), "--prompts", str(prompts),
+              "--max-tokens", "10", "--eval-tokens", "8", "--held-out-every", "4", "--epochs", "1",
+              "--batch-tokens", "128", "-k", "2", "--cache-dir", str(tmp_path / "cache")]
+    assert main(common + ["--draft-vocab", "12", "--fused", "--out", str(first)]) == 0
+    assert main(common + ["--init", str(first), "--lr", "1e-12", "--out", str(second)]) == 0
+    assert "initial" in capsys.readouterr().out
+    report = json.loads(second.with_suffix(".json").read_text())
+    assert report["init"] == str(first) and report["draft_vocab"] == 12
+    assert "mean_acceptance_length_initial" in report and "mean_acceptance_length_untrained" not in report
+    assert head_config(second) == head_config(first)
+    model = LLM(model=str(tmp_path / "model"), draft="none", progress=False).model
+    start, trained = load_head(first, model), load_head(second, model)
+    assert torch.equal(start.draft_vocab, trained.draft_vocab)
+    for (name, a), b in zip(start.own_state().items(), trained.own_state().values()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=name)
+    assert main(common + ["--init", str(first), "--draft-vocab", "12", "--out", str(second)]) == 2
+    assert "with --init the head file gives them" in capsys.readouterr().err
+    assert main([*common[:1], "--kind", "medusa", *common[3:], "--init", str(first), "--out", str(second)]) == 2
+    assert f"--init={str(first)!r} is a eagle head: expected a medusa head" in capsys.readouterr().err
+    assert main(common + ["--init", str(tmp_path / "missing"), "--out", str(second)]) == 2
+    assert "expected a head file or one of ('eagle', 'medusa')" in capsys.readouterr().err
+
+
 def test_each_prompt_gets_a_greedy_and_a_sampled_answer_first_then_sampled_ones() -> None:
     for index in range(4):
         params = [answer_params(index, answer, 0, 8) for answer in range(4)]

@@ -29,7 +29,7 @@ from ..model import LlamaModel, Tokenizer, load_model
 from ..model.loader import cache_dir
 from ..sampling_params import SamplingParams
 from ..spec.eagle import EagleDrafter
-from ..spec.heads import Head, HeadConfig, fused_layers, new_head, save_head
+from ..spec.heads import KINDS, Head, HeadConfig, fused_layers, load_head, new_head, save_head, shipped_head
 from ..spec.medusa import MedusaDrafter
 from ..spec.metrics import SpecDecodeStats
 from .prompts import load_prompts
@@ -37,6 +37,7 @@ from .record import Dataset, record
 from .trainer import TrainConfig, train
 
 SHARD = 64
+DRAFT_VOCAB = 8192
 
 
 def _positive(name: str, value: int) -> None:
@@ -45,34 +46,47 @@ def _positive(name: str, value: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_tokens", "held_out_every", "eval_tokens", "num_speculative_tokens", "draft_vocab",
-                 "answers_per_prompt"):
+    for name in ("max_tokens", "held_out_every", "eval_tokens", "num_speculative_tokens", "answers_per_prompt"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    draft_vocab = DRAFT_VOCAB if args.draft_vocab is None else args.draft_vocab
+    _positive("draft-vocab", draft_vocab)
     if args.kind != "eagle" and (args.fused or args.unroll is not None):
         raise ValueError(f"--fused and --unroll are for --kind eagle, not --kind {args.kind}")
+    if args.init and (args.fused or args.intermediate_size is not None or args.draft_vocab is not None):
+        raise ValueError("--fused, --intermediate-size and --draft-vocab shape a new head: with --init "
+                         "the head file gives them")
     started = time.monotonic()
     prompts = [p["prompt"] for p in load_prompts(args.prompts)]
     held_out = prompts[:: args.held_out_every]
     training = [p for i, p in enumerate(prompts) if i % args.held_out_every][: args.max_prompts]
     model, tokenizer = load_model(args.model, dtype=torch.float32, device=args.device)
-    if args.draft_vocab > model.config.vocab_size:
-        raise ValueError(f"--draft-vocab={args.draft_vocab} is invalid: expected at most the model's "
+    if not args.init and draft_vocab > model.config.vocab_size:
+        raise ValueError(f"--draft-vocab={draft_vocab} is invalid: expected at most the model's "
                          f"vocabulary size {model.config.vocab_size}")
+    if args.init:  # checked before the recording, which can take long
+        head, init_digest = initial_head(args.init, args.kind, model)
+        if head.config.kind == "medusa" and args.num_speculative_tokens > head.config.num_medusa_heads:
+            raise ValueError(f"-k={args.num_speculative_tokens} is invalid: the --init head has "
+                             f"{head.config.num_medusa_heads} Medusa heads")
     key = hashlib.sha1(repr((str(args.model), model.config, args.max_tokens, args.seed)).encode()).hexdigest()[:12]
     cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "train"
     dataset = record_shards(model, tokenizer, training, args.max_tokens, cache / f"data-{key}", args.seed,
                             args.answers_per_prompt)
     print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
           f"({len(dataset.tokens)} with prompts)")
-    vocab = draft_vocabulary(dataset, args.draft_vocab, model.config.eos_token_ids)
-    config = HeadConfig.for_target(args.kind, model.config, args.intermediate_size, args.num_speculative_tokens,
-                                   fused=args.fused)
-    head = new_head(config, model, vocab, seed=args.seed)
+    if args.init:
+        config, vocab = head.config, head.draft_vocab
+    else:
+        vocab = draft_vocabulary(dataset, draft_vocab, model.config.eos_token_ids)
+        config = HeadConfig.for_target(args.kind, model.config, args.intermediate_size, args.num_speculative_tokens,
+                                       fused=args.fused)
+        head, init_digest = new_head(config, model, vocab, seed=args.seed), None
     before = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
     chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens", "unroll")
               if getattr(args, name) is not None}
     train_config = TrainConfig(seed=args.seed, **chosen)
-    run_key = hashlib.sha1(repr((key, training, args.answers_per_prompt, config, args.draft_vocab)).encode()).hexdigest()[:12]
+    identity = (key, training, args.answers_per_prompt, config, vocab.numel()) + ((init_digest,) if init_digest else ())
+    run_key = hashlib.sha1(repr(identity).encode()).hexdigest()[:12]
     losses = train(head, dataset, train_config, checkpoint_dir=cache / f"{args.kind}-{run_key}")
     out = Path(args.out or f"{args.kind}-head.safetensors")
     save_head(head, out)
@@ -81,17 +95,31 @@ def run(args: argparse.Namespace) -> int:
         "kind": args.kind, "model": args.model or "embedded SmolLM2-135M-Instruct",
         "prompts": len(training), "answers_per_prompt": args.answers_per_prompt, "answers": len(dataset),
         "output_tokens": dataset.num_output_tokens,
-        "max_tokens": args.max_tokens, "draft_vocab": args.draft_vocab, "fused_layers": list(config.fused_layers),
+        "max_tokens": args.max_tokens, "draft_vocab": vocab.numel(), "fused_layers": list(config.fused_layers),
+        "init": str(args.init) if args.init else None,
         "train_config": dataclasses.asdict(train_config), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "held_out_prompts": len(held_out), "k": args.num_speculative_tokens,
-        "mean_acceptance_length_untrained": before, "mean_acceptance_length_trained": after,
+        f"mean_acceptance_length_{'initial' if args.init else 'untrained'}": before,
+        "mean_acceptance_length_trained": after,
         "seconds": round(time.monotonic() - started, 1),
     }
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"held-out mean acceptance length at K={args.num_speculative_tokens} (greedy, "
-          f"{len(held_out)} prompts): untrained {before:.2f}, trained {after:.2f}")
+          f"{len(held_out)} prompts): {'initial' if args.init else 'untrained'} {before:.2f}, trained {after:.2f}")
     print(f"wrote {out} and {out.with_suffix('.json')} in {report['seconds']:.0f} s")
     return 0
+
+
+def initial_head(source: str, kind: str, model: LlamaModel) -> tuple[Head, str]:
+    """The head to start from for --init (a head file, or 'eagle' / 'medusa' for the heads shipped
+    with the embedded model), and a digest of its file that keys the training checkpoints."""
+    path = shipped_head(source) if source in KINDS else Path(source)
+    if not path.is_file():
+        raise ValueError(f"--init={source!r} is invalid: expected a head file or one of {KINDS}")
+    head = load_head(path, model)
+    if head.config.kind != kind:
+        raise ValueError(f"--init={source!r} is a {head.config.kind} head: expected a {kind} head for --kind {kind}")
+    return head, hashlib.sha1(path.read_bytes()).hexdigest()
 
 
 def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str], max_tokens: int,
