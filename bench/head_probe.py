@@ -11,8 +11,9 @@ greedy trajectory, side by side for every rule:
   the draft vocabulary holds at all (a draft outside it cannot be made);
 - calibration: greedy acceptance (the head's argmax is the target's) by the head's top-1
   probability, first drafts;
-- draft temperature: the chance sum(min(p, q)) that a first draft drawn from q is accepted at
-  temperature 0.7 / top-p 0.9, with the head's logits divided by tau before the pipeline;
+- draft temperature: the chance that one of k root children drawn from q (recursive rejection
+  sampling, as below) is accepted at temperature 0.7 / top-p 0.9, with the head's logits
+  divided by tau before the pipeline (k = 1: the chance sum(min(p, q)) of a single draft);
 - sibling groups of k root children at T = 0.7: drawn without replacement from q and verified
   by recursive rejection sampling (what verispec does; simulated), the k most likely tokens as
   deterministic drafts (sum of p over them), and the most likely token first with the rest drawn;
@@ -47,7 +48,7 @@ from verispec.train.record import record
 from verispec.train.unroll import unrolled_passes
 
 DEPTH = 4
-TAUS = (0.5, 0.7, 0.85, 1.0, 1.2)
+TAUS = (0.7, 0.85, 1.0, 1.2, 1.5)
 THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5)
 BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
 
@@ -158,10 +159,12 @@ def main() -> None:
             pair[0].append(hits[-1])
             pair[1].append(torch.isin(greedy[first], vocab))
             p = on_draft_vocab(sampled(t, 0.7), vocab).double()
+            outside = z.new_zeros(z.shape[0], 1)  # q's column for the mass outside the draft vocabulary
             for tau in TAUS:
-                q = sampled(z, 0.7 * tau).double()
-                scaled[tau].append(torch.minimum(p[:, :-1], q).sum(-1))
-            q = torch.cat((sampled(z, 0.7), z.new_zeros(z.shape[0], 1)), dim=1).double()
+                q = torch.cat((sampled(z, 0.7 * tau), outside), dim=1).double()
+                scaled[tau].append(torch.tensor([rrs_acceptance(p, q, k, None, generator)
+                                                 for k in range(1, DEPTH + 1)]) * z.shape[0])
+            q = torch.cat((sampled(z, 0.7), outside), dim=1).double()
             ranked = q.topk(DEPTH, dim=-1).indices
             groups.append(torch.tensor([[rrs_acceptance(p, q, k, None, generator),
                                          p.gather(1, ranked[:, :k]).sum(-1).mean().item(),
@@ -191,12 +194,14 @@ def main() -> None:
             rows.append({"probe": "calibration", "low": low, "high": high, "n": int(chosen.sum()),
                          "accepted": hits[chosen].mean().item()})
 
-    base = torch.cat(scaled[1.0]).mean().item()
-    print("\ndraft temperature (T = 0.7, top-p 0.9): sum(min(p, q)) of a first draft")
+    base = torch.stack(scaled[1.0]).sum(0) / hits.numel()
+    print("\ndraft temperature (T = 0.7, top-p 0.9): chance that one of k drawn root children is accepted, "
+          "k = 1..4 (x head as is)")
     for tau in TAUS:
-        value = torch.cat(scaled[tau]).mean().item()
-        print(f"  logits / {tau:<4}  {value:.3f}  x head as is {value / base:.3f}")
-        rows.append({"probe": "draft temperature", "tau": tau, "acceptance": value, "vs_tau_1": value / base})
+        value = torch.stack(scaled[tau]).sum(0) / hits.numel()
+        print(f"  logits / {tau:<4}  " + "  ".join(f"{v:.3f} ({v / b:.3f}x)" for v, b in zip(value.tolist(), base.tolist())))
+        rows.append({"probe": "draft temperature", "tau": tau, "acceptance": value.tolist(),
+                     "vs_tau_1": (value / base).tolist()})
 
     group = torch.stack(groups).sum(0) / hits.numel()  # [DEPTH, 3] per k: drawn, ranked, top-1 then drawn
     print("\nroot sibling groups at T = 0.7: chance that one of k children is accepted")

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 EPILOG = """\
 Speculative decoding here is exact: with any --draft (n-gram, the EAGLE or Medusa heads, a head
 file, a draft model) and any --tree, the output follows the same distribution as without it
-(greedy output is identical token for token); drafts only change the speed. The summary line reports tokens/s, the fraction of draft tokens accepted, and the mean
-number of tokens emitted per verification step.
+(greedy output is identical token for token); drafts only change the speed. The summary line
+reports tokens/s, the fraction of draft tokens accepted, and the mean number of tokens emitted
+per verification step.
 
 Classifier-free guidance: --guidance-scale 1.5 steers away from --negative-prompt (default: the
 prompt's last token), and stays exact under speculation.
