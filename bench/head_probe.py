@@ -12,7 +12,7 @@ greedy trajectory, side by side for every rule:
 - calibration: greedy acceptance (the head's argmax is the target's) by the head's top-1
   probability, first drafts;
 - draft temperature: the chance that one of k root children drawn from q (recursive rejection
-  sampling, as below) is accepted at temperature 0.7 / top-p 0.9, with the head's logits
+  sampling, as below) is accepted at temperature 0.7 / top-p `--top-p`, with the head's logits
   divided by tau before the pipeline (k = 1: the chance sum(min(p, q)) of a single draft);
 - sibling groups of k root children at T = 0.7: drawn without replacement from q and verified
   by recursive rejection sampling (what verispec does; simulated), the k most likely tokens as
@@ -53,10 +53,9 @@ THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5)
 BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
 
 
-def sampled(logits: torch.Tensor, temperature: float) -> torch.Tensor:  # [R, V] -> [R, V] probabilities
-    """The engine's own sampling pipeline (verispec.sample.processors) at `temperature` and
-    top-p 0.9, the sampled mode of bench/drafters.py."""
-    sampling = SamplingMetadata.from_params([SamplingParams(temperature=temperature, top_p=0.9, seed=0)])
+def sampled(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:  # [R, V] -> [R, V] probabilities
+    """The engine's own sampling pipeline (verispec.sample.processors)."""
+    sampling = SamplingMetadata.from_params([SamplingParams(temperature=temperature, top_p=top_p, seed=0)])
     rows = torch.zeros(logits.shape[0], dtype=torch.int64)
     return process_logits(logits, rows, sampling).softmax(-1)
 
@@ -128,6 +127,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--row-cost", type=float, default=0.1, help="a verify row, in target passes")
     parser.add_argument("--pass-cost", type=float, default=0.09, help="a head pass, in target passes")
+    parser.add_argument("--top-p", type=float, default=0.9,
+                        help="top-p of the T = 0.7 rows (default 0.9, the sampled training answers'; "
+                             "bench/drafters.py and bench/trees.py sample at T = 0.7 with no top-p: 1)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=Path("bench/results/head_probe.json"))
     args = parser.parse_args()
@@ -158,13 +160,13 @@ def main() -> None:
             pair = by_category.setdefault(row["category"], [[], []])
             pair[0].append(hits[-1])
             pair[1].append(torch.isin(greedy[first], vocab))
-            p = on_draft_vocab(sampled(t, 0.7), vocab).double()
+            p = on_draft_vocab(sampled(t, 0.7, args.top_p), vocab).double()
             outside = z.new_zeros(z.shape[0], 1)  # q's column for the mass outside the draft vocabulary
             for tau in TAUS:
-                q = torch.cat((sampled(z, 0.7 * tau), outside), dim=1).double()
+                q = torch.cat((sampled(z, 0.7 * tau, args.top_p), outside), dim=1).double()
                 scaled[tau].append(torch.tensor([rrs_acceptance(p, q, k, None, generator)
                                                  for k in range(1, DEPTH + 1)]) * z.shape[0])
-            q = torch.cat((sampled(z, 0.7), outside), dim=1).double()
+            q = torch.cat((sampled(z, 0.7, args.top_p), outside), dim=1).double()
             ranked = q.topk(DEPTH, dim=-1).indices
             groups.append(torch.tensor([[rrs_acceptance(p, q, k, None, generator),
                                          p.gather(1, ranked[:, :k]).sum(-1).mean().item(),
@@ -195,7 +197,7 @@ def main() -> None:
                          "accepted": hits[chosen].mean().item()})
 
     base = torch.stack(scaled[1.0]).sum(0) / hits.numel()
-    print("\ndraft temperature (T = 0.7, top-p 0.9): chance that one of k drawn root children is accepted, "
+    print(f"\ndraft temperature (T = 0.7, top-p {args.top_p}): chance that one of k drawn root children is accepted, "
           "k = 1..4 (x head as is)")
     for tau in TAUS:
         value = torch.stack(scaled[tau]).sum(0) / hits.numel()
@@ -204,7 +206,7 @@ def main() -> None:
                      "vs_tau_1": (value / base).tolist()})
 
     group = torch.stack(groups).sum(0) / hits.numel()  # [DEPTH, 3] per k: drawn, ranked, top-1 then drawn
-    print("\nroot sibling groups at T = 0.7: chance that one of k children is accepted")
+    print(f"\nroot sibling groups at T = 0.7, top-p {args.top_p}: chance that one of k children is accepted")
     for k, (drawn, top, mixed) in enumerate(group.tolist(), start=1):
         print(f"  k={k}  drawn (verispec) {drawn:.3f}  ranked {top:.3f} ({top / drawn:.3f}x)  "
               f"top-1 then drawn {mixed:.3f} ({mixed / drawn:.3f}x)")
@@ -231,7 +233,8 @@ def main() -> None:
         rows.append({"probe": "chain", "policy": f"gate {threshold}", "drafts": k.mean().item(),
                      "tokens": tokens.mean().item(), "x_none": rate})
     write_json(args.json, torch.device("cpu"), rows, head=str(args.head or shipped_head("eagle")),
-               prompts=len(prompts), max_tokens=args.max_tokens, row_cost=args.row_cost, pass_cost=args.pass_cost)
+               prompts=len(prompts), max_tokens=args.max_tokens, row_cost=args.row_cost, pass_cost=args.pass_cost,
+               top_p=args.top_p)
 
 
 if __name__ == "__main__":
