@@ -177,7 +177,7 @@ def test_train_drafter_init_starts_from_a_head_file(tmp_path, capsys) -> None:
     assert main(common + ["--init", str(first), "--draft-vocab", "12", "--out", str(second)]) == 2
     assert "with --init the head file gives them" in capsys.readouterr().err
     assert main([*common[:1], "--kind", "medusa", *common[3:], "--init", str(first), "--out", str(second)]) == 2
-    assert f"--init={str(first)!r} is a eagle head: expected a medusa head" in capsys.readouterr().err
+    assert f"--init={str(first)!r} is an eagle head: expected a medusa head" in capsys.readouterr().err
     assert main(common + ["--init", str(tmp_path / "missing"), "--out", str(second)]) == 2
     assert "expected a head file or one of ('eagle', 'medusa')" in capsys.readouterr().err
 

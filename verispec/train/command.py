@@ -118,8 +118,13 @@ def initial_head(source: str, kind: str, model: LlamaModel) -> tuple[Head, str]:
         raise ValueError(f"--init={source!r} is invalid: expected a head file or one of {KINDS}")
     head = load_head(path, model)
     if head.config.kind != kind:
-        raise ValueError(f"--init={source!r} is a {head.config.kind} head: expected a {kind} head for --kind {kind}")
+        raise ValueError(f"--init={source!r} is {_an(head.config.kind)} head: expected {_an(kind)} head for "
+                         f"--kind {kind}")
     return head, hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def _an(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
 def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str], max_tokens: int,
