@@ -74,13 +74,14 @@ def run(args: argparse.Namespace) -> int:
                             args.answers_per_prompt)
     print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
           f"({len(dataset.tokens)} with prompts)")
-    if args.init:
-        config, vocab = head.config, head.draft_vocab
-    else:
-        vocab = draft_vocabulary(dataset, draft_vocab, model.config.eos_token_ids)
+    if not args.init:
         config = HeadConfig.for_target(args.kind, model.config, args.intermediate_size, args.num_speculative_tokens,
                                        fused=args.fused)
-        head, init_digest = new_head(config, model, vocab, seed=args.seed), None
+        head = new_head(config, model, draft_vocabulary(dataset, draft_vocab, model.config.eos_token_ids),
+                        seed=args.seed)
+        init_digest = None
+    config, vocab = head.config, head.draft_vocab
+    start = "initial" if args.init else "untrained"
     before = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
     chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens", "unroll")
               if getattr(args, name) is not None}
@@ -99,13 +100,13 @@ def run(args: argparse.Namespace) -> int:
         "init": str(args.init) if args.init else None,
         "train_config": dataclasses.asdict(train_config), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "held_out_prompts": len(held_out), "k": args.num_speculative_tokens,
-        f"mean_acceptance_length_{'initial' if args.init else 'untrained'}": before,
+        f"mean_acceptance_length_{start}": before,
         "mean_acceptance_length_trained": after,
         "seconds": round(time.monotonic() - started, 1),
     }
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"held-out mean acceptance length at K={args.num_speculative_tokens} (greedy, "
-          f"{len(held_out)} prompts): {'initial' if args.init else 'untrained'} {before:.2f}, trained {after:.2f}")
+          f"{len(held_out)} prompts): {start} {before:.2f}, trained {after:.2f}")
     print(f"wrote {out} and {out.with_suffix('.json')} in {report['seconds']:.0f} s")
     return 0
 
