@@ -4,17 +4,19 @@ On the evaluation prompts (bench/prompts/spec_bench.jsonl), chat-rendered, fp32,
 one process on the same weights: for chains of K drafts (verified token by token, and as a
 block: SpeculativeConfig.verification="block") and for trees (SpeculativeConfig.tree:
 static shapes and EAGLE-2 dynamic trees; top-k children when greedy, drawn without
-replacement from q when sampled), greedy and temperature 0.7 (seeded), the mean tokens
-emitted per verify step (accepted drafts + 1), the verify rows per step (drafts + 1, the
-target's cost per step; both over steps with drafts, as vLLM counts acceptance) and output
-tokens per second. Rows are printed by planned verify rows; a tree's or block's "x chain" is
-its acceptance length over that of the token-verified chain with as many rows (when one ran).
-Greedy rows also say whether the tokens equal those of decoding without drafts (they must).
+replacement from q when sampled), greedy and temperature 0.7 (seeded; top-p `--top-p`, none by
+default), the mean tokens emitted per verify step (accepted drafts + 1), the verify rows per
+step (drafts + 1, the target's cost per step; both over steps with drafts, as vLLM counts
+acceptance) and output tokens per second. Rows are printed by planned verify rows; a tree's
+or block's "x chain" is its acceptance length over that of the token-verified chain with as
+many rows (when one ran). Greedy rows also say whether the tokens equal those of decoding
+without drafts (they must).
 
     python bench/trees.py                                   # 2 prompts per category, EAGLE
     python bench/trees.py --draft medusa --chains 2 4 --trees 2,1 3,2,1 dynamic:8,4,2
     python bench/trees.py --draft ngram+eagle --chains 4 15 --trees dynamic:15,4,8
     python bench/trees.py --draft ngram+eagle --chain-draft eagle --chains 15 --trees dynamic:15,4,4
+    python bench/trees.py --top-p 0.9 --chains 15 --trees dynamic:15,4,8   # sampled rows at T = 0.7, top-p 0.9
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--chains", type=int, nargs="+", default=[3, 4, 7], metavar="K")
     parser.add_argument("--trees", nargs="+", default=["3", "2,1", "4", "dynamic:4,4,2", "dynamic:7,4,3"],
                         metavar="B1,B2,...|dynamic:N,D,K")
+    parser.add_argument("--top-p", type=float, default=1.0, help="top-p of the T = 0.7 rows (default 1: none)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=Path("bench/results/trees.json"))
     args = parser.parse_args()
@@ -75,13 +78,13 @@ def main() -> None:
     llms, planned = engines(args.draft, args.chains, args.trees, args.chain_draft)
     chain_at = {rows: name for name, rows in planned.items() if name.startswith("chain")}
     print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, "
-          f"{args.threads} threads, batch 1, drafter {args.draft}"
+          f"{args.threads} threads, batch 1, drafter {args.draft}, sampled rows at T = 0.7, top-p {args.top_p}"
           + (f", chains and blocks by {args.chain_draft}" if args.chain_draft else ""))
     print(f"{'mode':>7} {'drafts':>18} {'rows':>5} {'rows/step':>9} {'accept len':>10} {'x chain':>7} "
           f"{'tok/s':>7} {'x none':>6}")
     rows = []
     for mode, params in (("greedy", SamplingParams(temperature=0, max_tokens=args.max_tokens)),
-                         ("T=0.7", SamplingParams(temperature=0.7, max_tokens=args.max_tokens))):
+                         ("T=0.7", SamplingParams(temperature=0.7, top_p=args.top_p, max_tokens=args.max_tokens))):
         results = run_batch1(llms, prompts, params)
         for name in sorted(llms, key=lambda n: (planned[n], n)):
             r = results[name]
@@ -96,7 +99,7 @@ def main() -> None:
                          "acceptance_vs_chain": vs_chain, "same_as_none": same,
                          **{k: v for k, v in r.items() if k != "outputs"}})
     write_json(args.json, torch.device("cpu"), rows, max_tokens=args.max_tokens, prompts=len(prompts),
-               draft=args.draft, chain_draft=args.chain_draft or args.draft)
+               draft=args.draft, chain_draft=args.chain_draft or args.draft, top_p=args.top_p)
 
 
 if __name__ == "__main__":
