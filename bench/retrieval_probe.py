@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +90,7 @@ class Datastore:
         return []
 
 
-def replay(records: list[dict], drafter, k: int) -> dict[str, float]:
+def replay(records: list[dict], drafter: Callable[[list[int]], list[int]], k: int) -> dict[str, float]:
     """Tokens per step of greedy speculation with `drafter`'s chains on the recorded answers,
     over the whole set and per category."""
     steps: dict[str, int] = defaultdict(int)
