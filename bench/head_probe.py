@@ -162,14 +162,14 @@ def main() -> None:
             pair[1].append(torch.isin(greedy[first], vocab))
             p = on_draft_vocab(sampled(t, 0.7, args.top_p), vocab).double()
             outside = z.new_zeros(z.shape[0], 1)  # q's column for the mass outside the draft vocabulary
-            drawn, qs = {}, {}
             for tau in TAUS:
-                qs[tau] = torch.cat((sampled(z, 0.7 * tau, args.top_p), outside), dim=1).double()
-                drawn[tau] = [rrs_acceptance(p, qs[tau], k, None, generator) for k in range(1, DEPTH + 1)]
-                scaled[tau].append(torch.tensor(drawn[tau]) * z.shape[0])
-            q = qs[1.0]  # the head as is: its drawn sibling groups are the tau = 1 ones
+                q_tau = torch.cat((sampled(z, 0.7 * tau, args.top_p), outside), dim=1).double()
+                drawn_tau = [rrs_acceptance(p, q_tau, k, None, generator) for k in range(1, DEPTH + 1)]
+                scaled[tau].append(torch.tensor(drawn_tau) * z.shape[0])
+                if tau == 1.0:  # the head as is: its drawn sibling groups are these
+                    q, drawn = q_tau, drawn_tau
             ranked = q.topk(DEPTH, dim=-1).indices
-            groups.append(torch.tensor([[drawn[1.0][k - 1],
+            groups.append(torch.tensor([[drawn[k - 1],
                                          p.gather(1, ranked[:, :k]).sum(-1).mean().item(),
                                          rrs_acceptance(p, q, k, ranked[:, 0], generator)]
                                         for k in range(1, DEPTH + 1)]) * z.shape[0])

@@ -38,6 +38,7 @@ import torch
 from common import write_json
 
 from verispec import SamplingParams
+from verispec.config import SpeculativeConfig
 from verispec.engine.llm import LLM
 from verispec.model.loader import cache_dir
 from verispec.spec.ngram import propose_ngram
@@ -45,7 +46,7 @@ from verispec.spec.ngram import propose_ngram
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "verispec" / "train" / "prompts.jsonl"
 EVAL = Path(__file__).parent / "prompts" / "spec_bench.jsonl"
-LOOKUP_N = (1, 3)  # prompt lookup's n-gram sizes, the engine's defaults (SpeculativeConfig)
+LOOKUP = SpeculativeConfig()  # prompt lookup's n-gram sizes: the engine's defaults
 
 
 def answers(llm: LLM, source: Path, count: int | None, max_tokens: int, cache: Path) -> list[dict]:
@@ -127,13 +128,14 @@ def main() -> None:
     store = Datastore([r["output_ids"] for r in stored], args.max_n)
 
     def lookup(context: list[int]) -> list[int]:
-        return propose_ngram(np.asarray(context, dtype=np.int64), *LOOKUP_N, args.k)
+        return propose_ngram(np.asarray(context, dtype=np.int64), LOOKUP.ngram_min, LOOKUP.ngram_max, args.k)
 
     drafters = {"prompt lookup": lookup}
     for min_n in (1, 2, 3):
         drafters[f"datastore n>={min_n}"] = lambda c, m=min_n: store.draft(c, m, args.k)
         drafters[f"lookup, then datastore n>={min_n}"] = lambda c, m=min_n: lookup(c) or store.draft(c, m, args.k)
-    print(f"datastore: {len(stored)} answers, {sum(len(r['output_ids']) for r in stored)} tokens; "
+    store_tokens = sum(len(r["output_ids"]) for r in stored)
+    print(f"datastore: {len(stored)} answers, {store_tokens} tokens; "
           f"evaluation: {len(evaluated)} answers, {sum(len(r['output_ids']) for r in evaluated)} tokens; "
           f"K = {args.k}, greedy")
     results = {name: replay(evaluated, drafter, args.k) for name, drafter in drafters.items()}
@@ -145,7 +147,7 @@ def main() -> None:
         print(f"{name:>30} {r['all']:11.3f} {ratio:8.3f}  " + " ".join(f"{r[c]:8.2f}" for c in categories))
         rows.append({"drafter": name, "tokens_per_step": r["all"], "vs_lookup": ratio, "per_category": r})
     write_json(args.json, torch.device("cpu"), rows, k=args.k, max_n=args.max_n, store_answers=len(stored),
-               store_tokens=sum(len(r["output_ids"]) for r in stored), max_tokens=args.max_tokens)
+               store_tokens=store_tokens, max_tokens=args.max_tokens)
 
 
 if __name__ == "__main__":
