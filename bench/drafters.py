@@ -1,5 +1,5 @@
 """Drafters side by side on the embedded model: none / n-gram / Medusa / EAGLE, and each head
-behind prompt lookup (ngram+medusa / ngram+eagle: spec/hybrid.py).
+behind prompt lookup (ngram+medusa / ngram+eagle: spec_decode/hybrid.py).
 
 On the evaluation prompts (bench/prompts/spec_bench.jsonl: conversation, translation,
 summarization, qa, math, rag; never trained on), chat-rendered, fp32, in one process on the
@@ -11,7 +11,7 @@ same weights:
   engine's adaptive K (for trees: its tree-or-nothing gate), whose job is never to make
   speculation slower than none;
 - with --adaptive-batch1, batch 1 greedy with the adaptive K too;
-- with --trees, Medusa and EAGLE also draft those trees (spec/trees.py) in every run;
+- with --trees, Medusa and EAGLE also draft those trees (spec_decode/trees.py) in every run;
 - with --heads NAME=FILE, more head files run beside the shipped heads (e.g. an older head,
   or one just trained), named NAME in the table;
 - with --control, a second engine without drafts ("none control") runs beside the first: its
@@ -43,7 +43,7 @@ from common import write_json
 from verispec import SamplingParams
 from verispec.config import parse_tree
 from verispec.engine.llm import LLM
-from verispec.spec.metrics import SpecDecodeStats
+from verispec.spec_decode.metrics import SpecDecodeStats
 
 PROMPTS = Path(__file__).parent / "prompts" / "spec_bench.jsonl"
 DRAFTERS = ("none", "ngram", "medusa", "eagle", "ngram+medusa", "ngram+eagle")

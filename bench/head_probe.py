@@ -19,7 +19,7 @@ greedy trajectory, side by side for every rule:
   deterministic drafts (sum of p over them), and the most likely token first with the rest drawn;
 - chain policies, greedy: fixed K against chains that go on while the product of the drafts'
   top-1 probabilities stays above a threshold, priced as 1 + row_cost * drafts + pass_cost *
-  head passes per step (spec/adaptive.py; a gated chain pays one pass more than it drafts, to
+  head passes per step (spec_decode/adaptive.py; a gated chain pays one pass more than it drafts, to
   see the confidence that stops it), reported as tokens per unit of cost (x none).
 Target distributions are the full vocabulary's; the head's q lives on its draft vocabulary.
 
@@ -42,7 +42,7 @@ from verispec.model.llama import rms_norm
 from verispec.model.loader import load_model
 from verispec.sample.metadata import SamplingMetadata
 from verispec.sample.processors import process_logits
-from verispec.spec.heads import EagleHead, load_head, shipped_head
+from verispec.spec_decode.heads import EagleHead, load_head, shipped_head
 from verispec.train.command import recorded_layers
 from verispec.train.record import record
 from verispec.train.unroll import unrolled_passes

@@ -12,7 +12,7 @@ of it is built into the engine, on the embedded model, greedy:
   by step: a step accepts the drafts up to the first that differs from the answer, then emits
   one token (what greedy speculative decoding does, so tokens per step is exact for these
   answers);
-- drafters: prompt lookup as the engine drafts it (spec/ngram.py, n = 1..3), the datastore
+- drafters: prompt lookup as the engine drafts it (spec_decode/ngram.py, n = 1..3), the datastore
   alone (the longest context tail of n = max_n..min_n found in the datastore; each draft token
   the most frequent continuation among that tail's occurrences, given the drafts before it),
   and lookup first with the datastore where lookup finds nothing.
@@ -41,7 +41,7 @@ from verispec import SamplingParams
 from verispec.config import SpeculativeConfig
 from verispec.engine.llm import LLM
 from verispec.model.loader import cache_dir
-from verispec.spec.ngram import propose_ngram
+from verispec.spec_decode.ngram import propose_ngram
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "verispec" / "train" / "prompts.jsonl"

@@ -11,7 +11,7 @@ import torch
 from verispec import SamplingParams
 from verispec.config import CacheConfig, EngineConfig
 from verispec.model import LlamaModel
-from verispec.spec.heads import Head, HeadConfig, new_head
+from verispec.spec_decode.heads import Head, HeadConfig, new_head
 from verispec.train.command import recorded_layers
 from verispec.train.record import Dataset, record
 from verispec.train.trainer import TrainConfig, train

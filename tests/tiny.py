@@ -13,7 +13,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from verispec.engine.engine import LLMEngine
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.model import LlamaModel, ModelConfig, Tokenizer
-from verispec.spec.base import Drafter
+from verispec.spec_decode.base import Drafter
 
 
 def tiny_model(seed: int, vocab: int = 16, hidden: int = 32, layers: int = 2, scale: float = 1.0,

@@ -27,7 +27,7 @@ def tree_size(shape: tuple[int, ...] | DynamicTree) -> int:
 
 @dataclass(frozen=True)
 class DynamicTree:
-    """EAGLE-2's dynamic draft tree (verispec/spec/trees.py): at most `nodes` nodes, `depth` levels,
+    """EAGLE-2's dynamic draft tree (verispec/spec_decode/trees.py): at most `nodes` nodes, `depth` levels,
     `top_k` nodes expanded per level with `top_k` children each."""
 
     nodes: int = 16
@@ -85,7 +85,7 @@ class CacheConfig:
 @dataclass(frozen=True)
 class DraftCost:
     """What one drafting call costs, in units of the target step's fixed cost a (the cost of a
-    target pass with no rows, spec/adaptive.py): for `num_requests` drafting requests, the
+    target pass with no rows, spec_decode/adaptive.py): for `num_requests` drafting requests, the
     deepest getting `depth` drafts,
 
         per_call + per_request * num_requests + depth * (per_position + per_row * num_requests),
@@ -126,13 +126,13 @@ class SpeculativeConfig:
         tokenizer, given by `draft_model`), "eagle" / "medusa" (learned heads on the target's
         hidden states: `draft_model` names a head file, or None for the heads shipped for the
         embedded model), "ngram+eagle" / "ngram+medusa" (prompt lookup for a request whose
-        context has an n-gram match, the head otherwise; spec/hybrid.py), or "none".
+        context has an n-gram match, the head otherwise; spec_decode/hybrid.py), or "none".
     num_speculative_tokens: K, the most draft tokens per request per step.
     ngram_min / ngram_max: n-gram sizes tried, longest first.
     adaptive: choose each request's K per step from its acceptance so far, and trim the step's
-        drafts together against the step's cost (spec/adaptive.py), never above
+        drafts together against the step's cost (spec_decode/adaptive.py), never above
         num_speculative_tokens; with a tree, draft each request's whole tree or nothing by
-        the same cost model (spec/adaptive.py's TreeGate); off: always num_speculative_tokens
+        the same cost model (spec_decode/adaptive.py's TreeGate); off: always num_speculative_tokens
         (every tree node).
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
         pass's fixed cost (about 0.1 for the default model on CPU).

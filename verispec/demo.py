@@ -23,7 +23,7 @@ import torch
 
 from .sample import DraftProbs, SamplingMetadata, rejection_sample
 from .sampling_params import SamplingParams
-from .spec.metrics import expected_acceptance, expected_emitted_tokens
+from .spec_decode.metrics import expected_acceptance, expected_emitted_tokens
 
 VOCAB = 49_152
 BATCH = 1024

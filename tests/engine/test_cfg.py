@@ -14,8 +14,8 @@ from verispec.engine.runner import Feed, ModelRunner
 from verispec.model import load_model
 from verispec.sample.processors import process_logits
 from verispec.sample.reference import reference_probs
-from verispec.spec.draft_model import DraftModelDrafter
-from verispec.spec.ngram import NgramDrafter
+from verispec.spec_decode.draft_model import DraftModelDrafter
+from verispec.spec_decode.ngram import NgramDrafter
 
 from ..stats import chi_square
 from ..tiny import run_all, tiny_checkpoint, tiny_engine, tiny_model

@@ -8,8 +8,8 @@ import pytest
 from verispec import SamplingParams
 from verispec.config import CacheConfig, DraftCost, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
-from verispec.spec.draft_model import DraftModelDrafter, draft_model_cost
-from verispec.spec.ngram import NgramDrafter
+from verispec.spec_decode.draft_model import DraftModelDrafter, draft_model_cost
+from verispec.spec_decode.ngram import NgramDrafter
 
 from ..tiny import run_all, tiny_model, word_tokenizer
 

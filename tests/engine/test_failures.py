@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verispec import SamplingParams
-from verispec.spec.draft_model import DraftModelDrafter
+from verispec.spec_decode.draft_model import DraftModelDrafter
 
 from ..tiny import run_all, tiny_engine, tiny_model
 

@@ -14,8 +14,8 @@ from verispec import SamplingParams
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
-from verispec.spec.draft_model import DraftModelDrafter
-from verispec.spec.ngram import NgramDrafter
+from verispec.spec_decode.draft_model import DraftModelDrafter
+from verispec.spec_decode.ngram import NgramDrafter
 
 from ..tiny import run_all, tiny_engine, tiny_model
 

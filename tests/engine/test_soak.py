@@ -17,7 +17,7 @@ import pytest
 
 from verispec import SamplingParams
 from verispec.engine.engine import LLMEngine, RequestOutput
-from verispec.spec.ngram import NgramDrafter
+from verispec.spec_decode.ngram import NgramDrafter
 
 from ..tiny import tiny_engine, tiny_model
 

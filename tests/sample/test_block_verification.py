@@ -25,7 +25,7 @@ from verispec import LLM, SamplingMetadata, SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.sample import DraftProbs, block, rejection_sample
-from verispec.spec.ngram import NgramDrafter
+from verispec.spec_decode.ngram import NgramDrafter
 
 from ..stats import chi_square
 from ..tiny import run_all, tiny_model, word_tokenizer

@@ -12,7 +12,7 @@ from verispec import LLM, SamplingParams
 from verispec.cli import main
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
-from verispec.spec.heads import head_config, load_head
+from verispec.spec_decode.heads import head_config, load_head
 from verispec.train import trainer
 from verispec.train.command import acceptance, answer_params, draft_vocabulary
 from verispec.train.trainer import TrainConfig, train

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verispec.model import AttentionMetadata
-from verispec.spec.heads import HeadConfig, new_head
+from verispec.spec_decode.heads import HeadConfig, new_head
 from verispec.train.unroll import unrolled_passes, valid_rows
 
 from .. import learned

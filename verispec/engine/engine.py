@@ -40,10 +40,10 @@ from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
-from ..spec.adaptive import AdaptiveK, DraftClaim, TreeGate
-from ..spec.base import Drafter, DraftRequest, FedTokens
-from ..spec.trees import branching
-from ..spec.metrics import SpecDecodeStats
+from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
+from ..spec_decode.base import Drafter, DraftRequest, FedTokens
+from ..spec_decode.trees import branching
+from ..spec_decode.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
 from .request import FinishReason, Request
 from .runner import Feed, ModelRunner

@@ -23,16 +23,16 @@ from tqdm.auto import tqdm
 from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
 from ..model import LlamaModel, load_model
 from ..sampling_params import SamplingParams
-from ..spec.base import Drafter
-from ..spec.draft_model import DraftModelDrafter, draft_model_cost
-from ..spec.eagle import EagleDrafter
-from ..spec.heads import KINDS, head_config, load_head, shipped_head
-from ..spec.hybrid import HybridDrafter
-from ..spec.medusa import MedusaDrafter
-from ..spec.ngram import NgramDrafter
+from ..spec_decode.base import Drafter
+from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
+from ..spec_decode.eagle import EagleDrafter
+from ..spec_decode.heads import KINDS, head_config, load_head, shipped_head
+from ..spec_decode.hybrid import HybridDrafter
+from ..spec_decode.medusa import MedusaDrafter
+from ..spec_decode.ngram import NgramDrafter
 from .engine import LLMEngine, PreparedRequest, RequestOutput
 
-HYBRID = "ngram+"  # a `draft` prefix: prompt lookup first, the named head otherwise (spec/hybrid.py)
+HYBRID = "ngram+"  # a `draft` prefix: prompt lookup first, the named head otherwise (spec_decode/hybrid.py)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 Prompt = str | list[int]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..sample.logprobs import TokenLogprob
 from ..sampling_params import SamplingParams
-from ..spec.metrics import SpecDecodeStats
+from ..spec_decode.metrics import SpecDecodeStats
 
 
 class RequestStatus(enum.Enum):

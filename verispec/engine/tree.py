@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..spec.base import FedTokens
+from ..spec_decode.base import FedTokens
 from .runner import KVMove
 
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.engine import RequestOutput
 from ..engine.llm import LLM
-from ..spec.metrics import SpecDecodeStats
+from ..spec_decode.metrics import SpecDecodeStats
 from .async_engine import AsyncEngine, EngineStepError, Submission
 from .errors import APIError, install_error_handlers
 from .metrics import ServeMetrics

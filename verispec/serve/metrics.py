@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine.engine import LLMEngine, RequestOutput
-from ..spec.metrics import SpecDecodeStats
+from ..spec_decode.metrics import SpecDecodeStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 PREFIX = "verispec"

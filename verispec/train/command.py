@@ -28,10 +28,10 @@ from ..engine.engine import LLMEngine
 from ..model import LlamaModel, Tokenizer, load_model
 from ..model.loader import cache_dir
 from ..sampling_params import SamplingParams
-from ..spec.eagle import EagleDrafter
-from ..spec.heads import KINDS, Head, HeadConfig, fused_layers, load_head, new_head, save_head, shipped_head
-from ..spec.medusa import MedusaDrafter
-from ..spec.metrics import SpecDecodeStats
+from ..spec_decode.eagle import EagleDrafter
+from ..spec_decode.heads import KINDS, Head, HeadConfig, fused_layers, load_head, new_head, save_head, shipped_head
+from ..spec_decode.medusa import MedusaDrafter
+from ..spec_decode.metrics import SpecDecodeStats
 from .prompts import load_prompts
 from .record import Dataset, record
 from .trainer import TrainConfig, train
@@ -157,7 +157,7 @@ def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str
 
 def recorded_layers(num_layers: int) -> tuple[int, ...]:
     """The layers a recording keeps: the last (EAGLE-1 and Medusa read it) and the three a fused
-    EAGLE head reads (spec/heads.py fused_layers), so one recording serves every head."""
+    EAGLE head reads (spec_decode/heads.py fused_layers), so one recording serves every head."""
     return tuple(sorted({*fused_layers(num_layers), num_layers}))
 
 

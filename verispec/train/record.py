@@ -23,8 +23,8 @@ from ..config import EngineConfig, SpeculativeConfig
 from ..engine.engine import LLMEngine
 from ..model import LlamaModel, Tokenizer
 from ..sampling_params import SamplingParams
-from ..spec.base import DraftBatch, Drafter, DraftRequest, FedTokens
-from ..spec.features import FeatureStore
+from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
+from ..spec_decode.features import FeatureStore
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Training a draft head on a recorded Dataset (train/record.py), resumably.
 
-Terms as in spec/heads.py (feature, draft vocabulary) and train/record.py (sequence). Targets
+Terms as in spec_decode/heads.py (feature, draft vocabulary) and train/record.py (sequence). Targets
 are the target model's own distributions, restricted to the draft vocabulary and renormalised
 there (the soft labels of self-distillation; the draft vocabulary holds most of the mass):
 - EAGLE: row t of a sequence reads (f_t, x_{t+1}) and must predict p_{t+1}, the distribution
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..spec.heads import EagleHead, Head, MedusaHeads
+from ..spec_decode.heads import EagleHead, Head, MedusaHeads
 from .record import Dataset
 from .unroll import unrolled_passes, valid_rows
 

@@ -1,7 +1,7 @@
 """Training-time test (EAGLE-3): an EAGLE head run over packed training sequences at several
 draft depths at once, each row attending to exactly what it would attend to while drafting.
 
-Terms (head positions and features as in spec/heads.py): *pass* j at row t is the head at
+Terms (head positions and features as in spec_decode/heads.py): *pass* j at row t is the head at
 position t when the newest confirmed position is t - j, i.e. the j-th draft of a chain.
 - Pass 0 is fed the true feature f_t; pass j >= 1 is fed the feature pass j - 1 predicted at
   row t - 1, as drafting feeds a predicted feature (gradients flow through it: the head learns
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..model.llama import rms_norm
 from ..model.rotary import apply_rotary_
-from ..spec.heads import EagleHead
+from ..spec_decode.heads import EagleHead
 
 
 def unrolled_passes(

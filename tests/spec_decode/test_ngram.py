@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from verispec.sampling_params import SamplingParams
-from verispec.spec import DraftBatch, Drafter, DraftRequest, NgramDrafter
-from verispec.spec.ngram import propose_ngram
+from verispec.spec_decode import DraftBatch, Drafter, DraftRequest, NgramDrafter
+from verispec.spec_decode.ngram import propose_ngram
 
 
 def request(token_ids, k=5, request_id="r"):

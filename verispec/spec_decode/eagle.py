@@ -1,4 +1,4 @@
-"""EagleDrafter: drafts with an EAGLE head (spec/heads.py) over the target's hidden states.
+"""EagleDrafter: drafts with an EAGLE head (spec_decode/heads.py) over the target's hidden states.
 
 Terms: the head's *cache* is a paged KV cache of its own (one layer); head position t holds
 the input (f_t, x_{t+1}). A request's *confirmed* head positions were fed true target
@@ -12,10 +12,10 @@ One call, for a request whose newest token x_n sits at position n:
    the accepted drafts; the newest token's feature is not known yet);
 2. feed (f_t, x_{t+1}) for t = h .. n-1; the last row predicts f_n, whose logits give q_1;
 3. draft token i + 1 feeds (predicted f_{n+i}, x_{n+i} = draft i) at position n + i.
-Drafts are sampled from q as spec/draft_sampling.py describes (sample_from_draft_vocab),
+Drafts are sampled from q as spec_decode/draft_sampling.py describes (sample_from_draft_vocab),
 batched over requests, one head pass per draft position.
 
-Trees (propose_tree): after step 2, each level of the tree (spec/trees.py grow_trees) is one
+Trees (propose_tree): after step 2, each level of the tree (spec_decode/trees.py grow_trees) is one
 head pass over the nodes to expand and their ancestors, fed as a tree at positions n, n + 1, ...
 by depth (tree attention: a node sees the confirmed positions and its own path); a node is fed
 (its parent's predicted feature, its token), and its output gives its children's logits. Each
@@ -104,7 +104,7 @@ class EagleDrafter(Drafter):
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
                      exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
         """Trees grown from the head (module docstring): top-k for greedy requests, children
-        drawn without replacement for sampled ones (spec/trees.py)."""
+        drawn without replacement for sampled ones (spec_decode/trees.py)."""
         # The most nodes a level feeds: a static tree's whole budget at most.
         fed_rows = shape.max_fed_nodes() if isinstance(shape, DynamicTree) else None
         feeds, features, active = self._start(requests, lambda r: fed_rows or r.num_draft_tokens)

@@ -131,7 +131,7 @@ class Drafter(ABC):
         """What one ``propose`` call costs when `num_requests` requests draft and the deepest
         gets `depth` drafts, in units of the target step's fixed cost (verispec.config.DraftCost;
         0 when depth or num_requests is 0). Declared, never timed: the adaptive K
-        (spec/adaptive.py) weighs it against the tokens drafts bring, and seeded requests must
+        (spec_decode/adaptive.py) weighs it against the tokens drafts bring, and seeded requests must
         get the same K on every machine. This default: free."""
         return 0.0
 
@@ -141,10 +141,10 @@ class Drafter(ABC):
 
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
                      exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
-        """Draft trees of at most `shape` (a static shape or a DynamicTree, spec/trees.py) and
+        """Draft trees of at most `shape` (a static shape or a DynamicTree, spec_decode/trees.py) and
         ``num_draft_tokens`` nodes per request. `exclude`, per request: tokens the root's
         children must avoid because another drafter proposes them as root children verified
-        before this tree's (spec/hybrid.py); a sampled root child is then drawn from q without
+        before this tree's (spec_decode/hybrid.py); a sampled root child is then drawn from q without
         them, and its q row is that distribution. This default drafts a chain with
         ``propose``: a tree of one branch, none for a request with exclusions (its chain's
         first draft could not avoid them)."""

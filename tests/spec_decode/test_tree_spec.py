@@ -15,12 +15,12 @@ from verispec import LLM, SamplingParams
 from verispec.cli import main
 from verispec.config import CacheConfig, DynamicTree, EngineConfig, SpeculativeConfig, TreeShape
 from verispec.engine.engine import LLMEngine
-from verispec.spec.base import Drafter
-from verispec.spec.draft_model import DraftModelDrafter
-from verispec.spec.heads import HeadConfig, new_head, save_head
-from verispec.spec.medusa import MedusaDrafter
-from verispec.spec.ngram import NgramDrafter, propose_ngram_tree
-from verispec.spec.trees import TreeBatch, static_tree
+from verispec.spec_decode.base import Drafter
+from verispec.spec_decode.draft_model import DraftModelDrafter
+from verispec.spec_decode.heads import HeadConfig, new_head, save_head
+from verispec.spec_decode.medusa import MedusaDrafter
+from verispec.spec_decode.ngram import NgramDrafter, propose_ngram_tree
+from verispec.spec_decode.trees import TreeBatch, static_tree
 
 from .. import learned
 from ..engine.test_logprobs import PARAMS, assert_records_match_the_oracle

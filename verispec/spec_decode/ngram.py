@@ -33,8 +33,8 @@ from collections.abc import Collection, Iterator, Sequence
 import numpy as np
 
 from verispec.config import DraftCost
-from verispec.spec.base import DraftBatch, Drafter, DraftRequest
-from verispec.spec.trees import TreeBatch, TreeShape, branching
+from verispec.spec_decode.base import DraftBatch, Drafter, DraftRequest
+from verispec.spec_decode.trees import TreeBatch, TreeShape, branching
 
 
 class _TokenBuffer:

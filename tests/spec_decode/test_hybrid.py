@@ -17,14 +17,14 @@ from verispec.config import CacheConfig, DynamicTree, EngineConfig, SpeculativeC
 from verispec.engine.engine import LLMEngine
 from verispec.sample import DraftProbs
 from verispec.sample.tree import verify_tree
-from verispec.spec import draft_sampling
-from verispec.spec.base import DraftBatch, Drafter, DraftRequest
-from verispec.spec.draft_sampling import grow_tree_batch
-from verispec.spec.heads import HeadConfig, new_head, save_head
-from verispec.spec.hybrid import HybridDrafter
-from verispec.spec.medusa import MedusaDrafter
-from verispec.spec.ngram import NgramDrafter
-from verispec.spec.trees import TreeBatch
+from verispec.spec_decode import draft_sampling
+from verispec.spec_decode.base import DraftBatch, Drafter, DraftRequest
+from verispec.spec_decode.draft_sampling import grow_tree_batch
+from verispec.spec_decode.heads import HeadConfig, new_head, save_head
+from verispec.spec_decode.hybrid import HybridDrafter
+from verispec.spec_decode.medusa import MedusaDrafter
+from verispec.spec_decode.ngram import NgramDrafter
+from verispec.spec_decode.trees import TreeBatch
 
 from .. import learned
 from ..stats import chi_square

@@ -1,4 +1,4 @@
-"""grow_trees (spec/trees.py): static shapes filled rank by rank, EAGLE-2 dynamic trees kept by
+"""grow_trees (spec_decode/trees.py): static shapes filled rank by rank, EAGLE-2 dynamic trees kept by
 path score, drawn (sampled) children kept in draw order, draws without replacement, and the
 command-line form of trees."""
 
@@ -11,9 +11,9 @@ import torch
 
 from verispec import SamplingParams
 from verispec.config import DynamicTree, SpeculativeConfig, parse_tree
-from verispec.spec.base import DraftRequest
-from verispec.spec.draft_sampling import draw_without_replacement, grow_tree_batch
-from verispec.spec.trees import Children, GrownTree, branching, grow_trees, static_tree
+from verispec.spec_decode.base import DraftRequest
+from verispec.spec_decode.draft_sampling import draw_without_replacement, grow_tree_batch
+from verispec.spec_decode.trees import Children, GrownTree, branching, grow_trees, static_tree
 
 from ..stats import chi_square
 

@@ -1,7 +1,7 @@
 """Learned draft heads on the target's hidden states: EAGLE (one decoder layer, autoregressive
 over its own features) and Medusa (K independent residual heads), and their files.
 
-Terms, used by the drafters (spec/eagle.py, spec/medusa.py) and the trainer (verispec/train):
+Terms, used by the drafters (spec_decode/eagle.py, spec_decode/medusa.py) and the trainer (verispec/train):
 - feature f_t: what a head reads of the target at position t. By default the target's
   last-layer hidden state after the target's final norm (what its LM head reads): normalised
   features keep the heads' inputs and regression targets at one scale. A *fused* EAGLE head

@@ -2,7 +2,7 @@
 
 Terms: an *entry* holds the features of consecutive positions start, start + 1, ... of one
 request, with the token at each position. The engine hands over the features of every fed
-token, rejected drafts included (spec/base.py, FedTokens); `confirm` keeps only the prefix the
+token, rejected drafts included (spec_decode/base.py, FedTokens); `confirm` keeps only the prefix the
 request's tokens agree with. A feature depends on its token and every token before it (the
 target is causal), so a stored feature whose token matches the request's is the true one.
 """

@@ -14,12 +14,12 @@ from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
-from verispec.spec.base import Drafter
+from verispec.spec_decode.base import Drafter
 from verispec.sample import SamplingMetadata
-from verispec.spec.draft_sampling import sample_drafts, sample_from_draft_vocab, widen_vocab
-from verispec.spec.eagle import EagleDrafter
-from verispec.spec.heads import KINDS, HeadConfig, head_config, load_head, new_head, save_head, shipped_head
-from verispec.spec.medusa import MedusaDrafter
+from verispec.spec_decode.draft_sampling import sample_drafts, sample_from_draft_vocab, widen_vocab
+from verispec.spec_decode.eagle import EagleDrafter
+from verispec.spec_decode.heads import KINDS, HeadConfig, head_config, load_head, new_head, save_head, shipped_head
+from verispec.spec_decode.medusa import MedusaDrafter
 
 from .. import learned
 from ..stats import chi_square

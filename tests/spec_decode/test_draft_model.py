@@ -10,8 +10,8 @@ from verispec import SamplingParams
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
-from verispec.spec.base import DraftRequest
-from verispec.spec.draft_model import DraftModelDrafter
+from verispec.spec_decode.base import DraftRequest
+from verispec.spec_decode.draft_model import DraftModelDrafter
 
 from ..tiny import tiny_model
 

@@ -1,6 +1,6 @@
 """HybridDrafter: prompt lookup where the context repeats itself, a learned head elsewhere.
 
-Chains, per request and step: the n-gram drafter (spec/ngram.py) looks for an earlier
+Chains, per request and step: the n-gram drafter (spec_decode/ngram.py) looks for an earlier
 occurrence of the context's tail; when it finds one, its continuation is the request's draft,
 otherwise the learned drafter (EAGLE or Medusa) drafts for it. Why: the two fail on different
 text. A lookup match predicts copied spans (summaries, RAG answers, code, math restating its

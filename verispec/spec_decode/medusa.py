@@ -1,9 +1,9 @@
-"""MedusaDrafter: drafts with Medusa heads (spec/heads.py) over the target's hidden states.
+"""MedusaDrafter: drafts with Medusa heads (spec_decode/heads.py) over the target's hidden states.
 
 For a request whose newest token x_n sits at position n, the newest known feature is f_{n-1}
 (the verify pass that emitted x_n computed it): head k reads it and gives q_k for x_{n+k}, so
 K drafts cost one pass of K small heads, with no cache to keep. Draft k is sampled from q_k
-as spec/draft_sampling.py describes (sample_from_draft_vocab; its penalty history holds drafts
+as spec_decode/draft_sampling.py describes (sample_from_draft_vocab; its penalty history holds drafts
 1..k-1, as the verifier's does); q_k does not otherwise depend on the earlier drafts, which the
 verifier allows: it needs only the distribution each draft was drawn from.
 """
@@ -62,7 +62,7 @@ class MedusaDrafter(Drafter):
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
                      exclude: Sequence[Collection[int]] | None = None) -> TreeBatch:
-        """Trees grown from the heads (spec/trees.py): every node at depth k takes its children
+        """Trees grown from the heads (spec_decode/trees.py): every node at depth k takes its children
         from head k + 1, as in Medusa's static trees (a dynamic tree ranks them by the heads'
         confidence); no deeper than there are heads; top-k for greedy requests, drawn without
         replacement for sampled ones."""

@@ -4,7 +4,7 @@ Terms: the drafter's *cache* holds K/V for a prefix of each request's tokens (it
 tokens). Each call rolls the cache back to the longest prefix it shares with the request's
 current tokens (keep-and-rollback: rejected drafts are truncated, the accepted prefix is kept,
 nothing is rebuilt), feeds the rest, then drafts K tokens one forward pass at a time, batched
-over requests, each sampled from q as spec/draft_sampling.py describes; q is handed to the
+over requests, each sampled from q as spec_decode/draft_sampling.py describes; q is handed to the
 verifier, so the output is exact.
 """
 

@@ -106,7 +106,7 @@ def tree_children(
     vocab: torch.Tensor,  # [N] int64, the target token id of each draft column
     vocab_size: int,
 ) -> Pick:
-    """How a drafter's trees pick children (spec/trees.py): greedy requests rank them (top
+    """How a drafter's trees pick children (spec_decode/trees.py): greedy requests rank them (top
     tokens of the draft logits); sampled ones draw them without replacement from q, their
     pipeline on the draft logits with the parent's path as penalty history, using the DRAFT
     stream at counter (parent + 1) * width + i for the i-th draw (parent -1 for the root), so a

@@ -8,8 +8,8 @@ import itertools
 import pytest
 
 from verispec.config import DraftCost
-from verispec.spec.adaptive import AdaptiveK, DraftClaim, TreeGate
-from verispec.spec.metrics import expected_emitted_tokens
+from verispec.spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
+from verispec.spec_decode.metrics import expected_emitted_tokens
 
 
 DRAFT_COSTS = [DraftCost(), DraftCost(per_call=0.05, per_request=0.01), DraftCost(per_position=0.1, per_row=0.01)]

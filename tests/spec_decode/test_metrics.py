@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from verispec.spec import SpecDecodeStats
-from verispec.spec.metrics import (
+from verispec.spec_decode import SpecDecodeStats
+from verispec.spec_decode.metrics import (
     best_num_speculative_tokens,
     expected_acceptance,
     expected_emitted_tokens,
