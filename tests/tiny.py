@@ -13,12 +13,14 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from verispec.engine.engine import LLMEngine
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.model import LlamaModel, ModelConfig, Tokenizer
+from verispec.model.loader import quantize_weights
 from verispec.spec_decode.base import Drafter
 
 
 def tiny_model(seed: int, vocab: int = 16, hidden: int = 32, layers: int = 2, scale: float = 1.0,
-               eos: tuple[int, ...] = ()) -> LlamaModel:
-    """Random weights; `scale` sharpens (>1) or flattens (<1) the output distributions."""
+               eos: tuple[int, ...] = (), quantization: tuple[int, int] | None = None) -> LlamaModel:
+    """Random weights; `scale` sharpens (>1) or flattens (<1) the output distributions;
+    `quantization` (bits, group size): the same weights rounded to blocks (int4 / int8)."""
     config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
                          num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rope_theta=5000.0,
                          max_position_embeddings=512, tie_word_embeddings=False, eos_token_ids=eos)
@@ -46,7 +48,9 @@ def tiny_model(seed: int, vocab: int = 16, hidden: int = 32, layers: int = 2, sc
             p + "mlp.up_proj.weight": w(2 * hidden, hidden),
             p + "mlp.down_proj.weight": w(hidden, 2 * hidden),
         })
-    model = LlamaModel(config)
+    if quantization is not None:
+        weights = quantize_weights(weights, *quantization)
+    model = LlamaModel(config, quantized=quantization is not None)
     model.load_weights(weights)
     return model.eval()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections import deque
 from typing import Iterator, Sequence
 
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
 from ..model import LlamaModel, load_model
+from ..model.loader import QUANTIZATIONS, default_model_path
 from ..sampling_params import SamplingParams
 from ..spec_decode.base import Drafter
 from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
@@ -44,7 +46,25 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
-    raise ValueError(f"dtype={dtype!r} is invalid: expected one of {sorted(_DTYPES)}")
+    raise ValueError(f"dtype={dtype!r} is invalid: expected 'auto' or one of {sorted(_DTYPES)}")
+
+
+def resolve_weights(model: object, dtype: str | torch.dtype,
+                    quantization: str | None) -> tuple[torch.dtype, str | None]:
+    """(torch dtype, load_model's quantization) for LLM's arguments: with dtype "auto", a .gguf
+    file (the embedded default included) runs its stored blocks and anything else float32."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} is invalid: expected None or one of "
+                         f"{QUANTIZATIONS}")
+    if dtype != "auto":
+        torch_dtype = resolve_dtype(dtype)
+        if quantization is not None and torch_dtype != torch.float32:
+            raise ValueError(f"dtype={dtype!r} is invalid with quantization={quantization!r}: "
+                             f"quantized weights take float32 activations (use 'auto')")
+        return torch_dtype, quantization
+    if quantization is None and (model is None or str(model).lower().endswith(".gguf")):
+        quantization = "gguf"
+    return torch.float32, quantization
 
 
 def _draft_method(draft: object) -> tuple[str, str | None]:
@@ -67,6 +87,19 @@ def _draft_method(draft: object) -> tuple[str, str | None]:
     if text.endswith(".safetensors"):
         return head_config(text).kind, text
     return "draft_model", text
+
+
+_SELF_DRAFT = re.compile(r"(int4|int8)(?:-g(32|64|128))?")
+
+
+def _self_draft(draft: str) -> tuple[str, int] | None:
+    """load_model's (quantization, group size) for a self-draft `draft` ("int4", "int8",
+    "int4-g128", ...; int4 defaults to groups of 64: groups of 32 would reproduce a Q4 file's
+    own grid), or None for a draft model path."""
+    match = _SELF_DRAFT.fullmatch(draft)
+    if match is None:
+        return None
+    return match[1], int(match[2] or (64 if match[1] == "int4" else 32))
 
 
 def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks: int,
@@ -96,8 +129,9 @@ class LLM:
     draft: "ngram" (prompt lookup, the default), "eagle" or "medusa" (the learned heads shipped
         for the embedded model), a head file (.safetensors, from `verispec train-drafter`),
         "ngram+eagle", "ngram+medusa" or "ngram+<head file>" (prompt lookup for a request whose
-        context has an n-gram match, the head otherwise), "none", or a draft model (path as
-        for `model`) that shares the target's tokenizer.
+        context has an n-gram match, the head otherwise), "int4" / "int8" (the target itself,
+        quantized at load: int4 in groups of 64, or "int4-g32" / "int4-g128"), "none", or a
+        draft model (path as for `model`) that shares the target's tokenizer.
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
         speculation off, whatever `draft` names.
     verification: "token" or "block", how drafts are verified (SpeculativeConfig.verification).
@@ -108,6 +142,10 @@ class LLM:
         or a DynamicTree (EAGLE-2, grown by draft confidence) (SpeculativeConfig.tree); None
         drafts chains.
     kv_cache_gib: memory for each model's paged KV cache.
+    dtype: "auto" (a .gguf file runs its stored 4- and 8-bit blocks, anything else float32),
+        "float32" or "bfloat16" (a .gguf file widened to it).
+    quantization: None, or "int4" / "int8": weight-only round-to-nearest at load, one scale per
+        group of `quantization_group_size` weights (32, 64, 128); "gguf" as dtype "auto" does.
     """
 
     def __init__(
@@ -115,7 +153,7 @@ class LLM:
         model: str | None = None,
         draft: str | None = "ngram",
         num_speculative_tokens: int = 5,
-        dtype: str | torch.dtype = "float32",
+        dtype: str | torch.dtype = "auto",
         device: str | torch.device = "cpu",
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 512,
@@ -126,8 +164,10 @@ class LLM:
         verification: str = "token",
         adaptive: bool = True,
         tree: TreeShape | None = None,
+        quantization: str | None = None,
+        quantization_group_size: int = 32,
     ) -> None:
-        torch_dtype = resolve_dtype(dtype)
+        torch_dtype, quantization = resolve_weights(model, dtype, quantization)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib={kv_cache_gib!r} is invalid: expected a number > 0")
         # K = 0 and no tree: no drafter to load
@@ -149,7 +189,9 @@ class LLM:
             cache=CacheConfig(block_size),
             speculative=spec,
         )
-        self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress)
+        self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress,
+                                                quantization=quantization,
+                                                group_size=quantization_group_size)
         positions = self.model.config.max_position_embeddings
         if max_model_len is not None and max_model_len > positions:
             raise ValueError(f"max_model_len={max_model_len!r} is invalid: expected at most {positions}, "
@@ -158,7 +200,12 @@ class LLM:
         if method == "ngram":
             drafter = NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens)
         elif method == "draft_model":
-            draft_model, _ = load_model(draft, dtype=torch_dtype, device=device, progress=progress)
+            self_draft = _self_draft(str(draft))
+            if self_draft is not None:  # the target's own weights, quantized at load
+                draft_model, _ = load_model(model, progress=progress, quantization=self_draft[0],
+                                            group_size=self_draft[1])
+            else:
+                draft_model, _ = load_model(draft, dtype=torch_dtype, device=device, progress=progress)
             if draft_model.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(
                     f"draft={draft!r} has vocabulary size {draft_model.config.vocab_size}: expected "

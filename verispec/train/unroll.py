@@ -42,7 +42,7 @@ def unrolled_passes(
     sequence = (positions == 0).cumsum(0)  # [T] sequence id of each row
     rows = torch.arange(T, device=features.device)
     same = sequence[:, None] == sequence[None, :]  # [T, T]
-    embedded = F.embedding(input_ids, head._target_embed)
+    embedded = head._target_embed(input_ids)
     cos, sin = head.rotary.angles(positions)
     keys: list[torch.Tensor] = []  # per pass [T, kv_heads, head_dim]
     values: list[torch.Tensor] = []

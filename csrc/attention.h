@@ -1,0 +1,22 @@
+// Attention of a few query rows per sequence against a paged KV cache, each (row, head)
+// computed on its own in a fixed order: a row's result does not depend on the other rows in
+// the batch, which keeps greedy speculative decoding on quantized weights (whose int8
+// activations magnify any difference) equal to plain decoding token for token.
+#pragma once
+#include <torch/extension.h>
+
+namespace verispec {
+
+// q [R, Hq, D] float32; kv_cache [2, blocks, block_size, Hkv, D] float32;
+// block_tables [B, max_blocks] int64; row_seq [R] int64 (row -> block table row);
+// row_visible [R] int64 (positions 0 .. row_visible - 1 are attended);
+// row_tree_start [R] int64 and tree_mask [R, max_new] bool: positions row_tree_start + j with
+// tree_mask[r, j] are attended too (tree rows; tree_mask may have 0 columns).
+// Returns [R, Hq * D].
+torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& kv_cache,
+                                   const torch::Tensor& block_tables, const torch::Tensor& row_seq,
+                                   const torch::Tensor& row_visible,
+                                   const torch::Tensor& row_tree_start,
+                                   const torch::Tensor& tree_mask, double scale);
+
+}  // namespace verispec

@@ -1,0 +1,39 @@
+"""Builds verispec._C, the compiled CPU kernels, when a C++ compiler and torch's headers are at
+hand (`make setup` installs torch first). Without them the package installs anyway and runs
+its pure-torch fallback (verispec.model.quant.kernels says which path runs)."""
+
+import os
+import sys
+
+from setuptools import setup
+
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:  # no torch at build time: nothing to build against
+    BuildExtension = CppExtension = None
+
+
+class OptionalBuildExt(BuildExtension or object):
+    """A failed kernel build leaves the package installable: it then runs the torch fallback."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as error:  # the compiler's or setuptools' own failures, whatever type
+            print(f"verispec: the compiled kernels were not built ({error}); "
+                  f"the pure-torch fallback will run", file=sys.stderr)
+
+
+def extensions() -> list:
+    if os.environ.get("VERISPEC_NO_EXTENSION"):
+        return []
+    if CppExtension is None:
+        return []
+    sources = ["csrc/binding.cpp", "csrc/attention.cpp"] + [f"csrc/qgemm_{isa}.cpp"
+                                      for isa in ("avx512vnni", "avxvnni", "avx2", "generic")]
+    return [CppExtension("verispec._C", sources,
+                         extra_compile_args=["-O3", "-ffp-contract=off"])]
+
+
+setup(ext_modules=extensions(),
+      cmdclass={"build_ext": OptionalBuildExt} if BuildExtension is not None else {})

@@ -1,0 +1,97 @@
+"""The embedded model run as its GGUF file stores it (4-bit layers, 8-bit embedding and LM head):
+the same weights as the widened float32 model, close logits, and speculation on it exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+from verispec.engine.kv_cache import BlockManager
+from verispec.engine.runner import Feed, ModelRunner
+from verispec.model import load_model
+from verispec.model.quant.formats import QuantizedWeight
+
+TEXT = ("<|im_start|>user\nExplain how a rainbow forms, for a child.<|im_end|>\n<|im_start|>"
+        "assistant\nA rainbow forms when sunlight passes through raindrops. The light bends, "
+        "splits into colours and reflects back to your eyes.")
+
+
+@pytest.fixture(scope="module")
+def stored():
+    return load_model(quantization="gguf", progress=False)
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:  # [len(ids), V]
+    blocks = BlockManager(64, 16)
+    blocks.allocate("s", len(ids))
+    return ModelRunner(model, blocks).forward([Feed("s", ids, 0, len(ids))])
+
+
+def test_stored_blocks_are_the_widened_models_weights(stored, embedded) -> None:
+    model, _ = stored
+    widened, _ = embedded
+    assert model.quantized and isinstance(model.embed_quantized, QuantizedWeight)
+    assert [p.kind for p in model.lm_head.parts] == ["Q8_0"]
+    ids = torch.tensor([0, 5, 49151, 1234])
+    assert torch.equal(model.embed(ids), widened.embed_tokens[ids])
+    for layer, float_layer in ((model.layers[i], widened.layers[i]) for i in (0, 29)):
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            parts = getattr(layer, name).parts
+            assert [p.kind for p in parts] == ["Q4_1"]  # q, k, v stacked into one product
+            # q and k rows un-permuted as the float path does.
+            assert torch.equal(parts[0].dequantize(), getattr(float_layer, name).weight)
+    assert torch.equal(model.lm_head_rows(ids), widened.lm_head.weight[ids])
+
+
+def test_stored_logits_are_close_to_the_widened_models(stored, embedded) -> None:
+    model, tokenizer = stored
+    ids = tokenizer.encode(TEXT)
+    ours, wide = _logits(model, ids), _logits(embedded[0], ids)
+    agreement = (ours.argmax(-1) == wide.argmax(-1)).float().mean()
+    kl = torch.nn.functional.kl_div(ours.log_softmax(-1), wide.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1).mean()
+    # Measured: agreement 0.94, KL 0.003 (int8 activations are the only difference).
+    assert agreement >= 0.85 and kl < 0.02
+
+
+def test_a_row_of_a_verify_pass_equals_the_same_row_decoded_alone(stored) -> None:
+    """Quantized products and the row-by-row attention make every row independent of the
+    others: what keeps greedy speculation on int8 activations equal to plain decoding."""
+    model, tokenizer = stored
+    ids = tokenizer.encode(TEXT)[:24]
+
+    def runner() -> ModelRunner:
+        blocks = BlockManager(64, 16)
+        blocks.allocate("s", len(ids))
+        run = ModelRunner(model, blocks)
+        run.forward([Feed("s", ids[:-5], 0, 1)])
+        return run
+
+    verify = runner().forward([Feed("s", ids[-5:], len(ids) - 5, 5)])
+    decode = runner()
+    rows = [decode.forward([Feed("s", [token], len(ids) - 5 + i, 1)])[0]
+            for i, token in enumerate(ids[-5:])]
+    assert torch.equal(torch.stack(rows), verify)
+
+
+@pytest.mark.parametrize("draft", ["ngram", "eagle", "int8"])
+def test_greedy_speculation_on_stored_weights_equals_plain_decoding(draft) -> None:
+    params = SamplingParams(temperature=0, max_tokens=40)
+    prompts = [[{"role": "user", "content": "Repeat after me: one two three, one two three."}],
+               [{"role": "user", "content": "Name three colours."}]]
+    plain = LLM(draft="none", progress=False).chat(prompts, params, use_tqdm=False)
+    spec = LLM(draft=draft, num_speculative_tokens=4, adaptive=False,
+               progress=False).chat(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert sum(o.stats.num_accepted_tokens for o in spec) > 0
+
+
+def test_bad_quantization_names_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"quantization='int3' is invalid: expected None or one "
+                                         r"of \('gguf', 'int8', 'int4'\)"):
+        LLM(quantization="int3", progress=False)
+    with pytest.raises(ValueError, match=r"dtype='bfloat16' is invalid with quantization='int4'"):
+        LLM(dtype="bfloat16", quantization="int4", progress=False)
+    with pytest.raises(ValueError, match="group_size=48 is invalid"):
+        load_model(quantization="int4", group_size=48, progress=False)

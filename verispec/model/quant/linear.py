@@ -1,0 +1,71 @@
+"""QuantLinear: y = x W^T with W kept as stored blocks (QuantizedWeight), or a float tensor for
+the parts a checkpoint stores in a type no kernel runs (widened at load)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec.model.quant.formats import QuantizedWeight
+from verispec.model.quant.kernels import qlinear
+
+Part = QuantizedWeight | torch.Tensor
+
+
+def stack_parts(parts: list[Part]) -> list[Part]:
+    """Consecutive row blocks merged where their layouts allow (one product instead of several)."""
+    merged: list[Part] = []
+    for part in parts:
+        last = merged[-1] if merged else None
+        if isinstance(part, QuantizedWeight) and isinstance(last, QuantizedWeight) \
+                and last.same_layout(part):
+            merged[-1] = QuantizedWeight.stack([last, part])
+        elif isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor):
+            merged[-1] = torch.cat([last, part.float()])
+        else:
+            merged.append(part if isinstance(part, QuantizedWeight) else part.float())
+    return merged
+
+
+class QuantLinear(nn.Module):
+    """A Linear over row blocks ("parts") of the weight: the fused q/k/v of a layer may mix types
+    in a GGUF file. Float32 activations in and out; no padding of rows (`cost_rows`)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.parts: list[Part] = []
+
+    def load(self, parts: list[Part]) -> None:
+        rows = sum(p.shape[0] for p in parts)
+        widths = {p.shape[1] for p in parts}
+        if rows != self.out_features or widths != {self.in_features}:
+            raise ValueError(f"weights of shapes {[tuple(p.shape) for p in parts]} do not make a "
+                             f"[{self.out_features}, {self.in_features}] linear layer")
+        self.parts = stack_parts(parts)
+
+    def cost_rows(self, rows: int) -> int:
+        return rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] float32 -> [T, out] float32
+        x = x.float()
+        outs = [qlinear(x, p) if isinstance(p, QuantizedWeight) else F.linear(x, p)
+                for p in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def dense_rows(self, index: torch.Tensor) -> torch.Tensor:  # [R] int64 -> [R, in] float32
+        """Rows of the weight as float32 (a learned head borrows the LM head's rows)."""
+        dense = torch.empty((index.numel(), self.in_features), dtype=torch.float32)
+        start = 0
+        for part in self.parts:
+            hit = ((index >= start) & (index < start + part.shape[0])).nonzero().squeeze(1)
+            local = index[hit] - start
+            dense[hit] = part.select_rows(local).dequantize() \
+                if isinstance(part, QuantizedWeight) else part.index_select(0, local)
+            start += part.shape[0]
+        return dense
+
+    def extra_repr(self) -> str:
+        kinds = [p.kind if isinstance(p, QuantizedWeight) else "float32" for p in self.parts]
+        return f"in_features={self.in_features}, out_features={self.out_features}, parts={kinds}"
