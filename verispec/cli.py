@@ -84,7 +84,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                         help="'ngram' (prompt lookup, default), 'eagle' or 'medusa' (learned heads shipped for "
                              "the embedded model), a head file from `verispec train-drafter`, 'ngram+eagle', "
                              "'ngram+medusa' or 'ngram+HEAD_FILE' (prompt lookup where the context repeats "
-                             "itself, the head elsewhere), 'none', or a draft model path sharing the tokenizer")
+                             "itself, the head elsewhere), 'int4' / 'int8' (the target itself quantized at "
+                             "load, int4 in groups of 64; 'int4-g32', 'int4-g128' choose the group), 'none', "
+                             "or a draft model path sharing the tokenizer")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=5, metavar="K", help=k_help)
     parser.add_argument("--tree", type=_tree_shape, default=None, metavar="B1,B2,...|dynamic[:N,D,K]",
                         help="tree speculation, verified exactly; replaces -k (default: off, chains of K "
@@ -97,9 +99,17 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
                              "lookup's tries and the head's tree into one, a draft model drafts a "
                              "chain; a request drafts its whole tree only while its acceptance pays "
                              "for the tree's rows at the current batch size")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="weights and KV cache (default: float32); bfloat16 halves their memory "
-                             "and, at batch 1, the bytes read per token")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="weights and KV cache. auto (default): a .gguf file (the embedded model "
+                             "too) runs its 4- and 8-bit blocks as stored, with compiled integer "
+                             "kernels on the CPU (the fastest choice there); anything else float32. "
+                             "float32 / bfloat16: widen the weights to it (bfloat16 halves memory "
+                             "and, at batch 1, the bytes read per token)")
+    parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
+                        help="weight-only round-to-nearest at load, e.g. for a Hugging Face "
+                             "checkpoint: int4 (embedding and LM head int8) or int8")
+    parser.add_argument("--quantize-group-size", type=int, default=32, choices=[32, 64, 128],
+                        help="weights per scale with --quantize (default: 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
@@ -242,7 +252,8 @@ def serve(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-              dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, tree=args.tree)
+              dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, tree=args.tree,
+              quantization=args.quantize, quantization_group_size=args.quantize_group_size)
     uvicorn.run(build_app(llm, args.served_model_name), host=args.host, port=args.port)
     return 0
 
@@ -261,7 +272,8 @@ def generate(args: argparse.Namespace) -> int:
     )
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-              dtype=args.dtype, device=args.device, tree=args.tree)
+              dtype=args.dtype, device=args.device, tree=args.tree,
+              quantization=args.quantize, quantization_group_size=args.quantize_group_size)
     prompt: str | list[int] = args.prompt
     if args.chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)

@@ -49,10 +49,11 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"dtype={dtype!r} is invalid: expected 'auto' or one of {sorted(_DTYPES)}")
 
 
-def resolve_weights(model: object, dtype: str | torch.dtype,
-                    quantization: str | None) -> tuple[torch.dtype, str | None]:
+def resolve_weights(model: object, dtype: str | torch.dtype, quantization: str | None,
+                    device: str | torch.device) -> tuple[torch.dtype, str | None]:
     """(torch dtype, load_model's quantization) for LLM's arguments: with dtype "auto", a .gguf
-    file (the embedded default included) runs its stored blocks and anything else float32."""
+    file (the embedded default included) runs its stored blocks on the CPU, and anything else,
+    or on another device, runs in float32."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r} is invalid: expected None or one of "
                          f"{QUANTIZATIONS}")
@@ -62,7 +63,8 @@ def resolve_weights(model: object, dtype: str | torch.dtype,
             raise ValueError(f"dtype={dtype!r} is invalid with quantization={quantization!r}: "
                              f"quantized weights take float32 activations (use 'auto')")
         return torch_dtype, quantization
-    if quantization is None and (model is None or str(model).lower().endswith(".gguf")):
+    on_cpu = str(device).startswith("cpu")
+    if quantization is None and on_cpu and (model is None or str(model).lower().endswith(".gguf")):
         quantization = "gguf"
     return torch.float32, quantization
 
@@ -167,7 +169,7 @@ class LLM:
         quantization: str | None = None,
         quantization_group_size: int = 32,
     ) -> None:
-        torch_dtype, quantization = resolve_weights(model, dtype, quantization)
+        torch_dtype, quantization = resolve_weights(model, dtype, quantization, device)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib={kv_cache_gib!r} is invalid: expected a number > 0")
         # K = 0 and no tree: no drafter to load
