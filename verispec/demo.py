@@ -1,5 +1,8 @@
 """`make demo`: speculative generation on the embedded default model, then the sampler alone.
 
+Part 0 runs the embedded GGUF file as stored (4-bit layers, 8-bit embedding and LM head, compiled
+integer kernels: the default) next to its weights widened to float32, without drafts.
+
 Part 1 streams a greedy chat reply from SmolLM2-135M-Instruct with n-gram drafts and checks that
 it is token for token the reply generated without speculation, with both speeds.
 
@@ -96,12 +99,32 @@ DEMO_PROMPT = (
 )
 
 
+def weights_demo() -> None:
+    from .engine.llm import LLM
+    from .model.quant.kernels import default_kernel
+
+    print("== Part 0: the GGUF file's 4-bit blocks as stored vs widened to float32 (CPU) ==\n")
+    print("loading the embedded model twice (the first float32 run dequantizes the file, ~10 s) ...",
+          flush=True)
+    prompt = None
+    params = SamplingParams(temperature=0, max_tokens=64)
+    for dtype, label in (("auto", f"4-bit as stored ({default_kernel()} kernel)"),
+                         ("float32", "float32 (widened)")):
+        llm = LLM(draft="none", dtype=dtype, kv_cache_gib=0.25, progress=False)
+        prompt = prompt or llm.tokenizer.apply_chat_template([{"role": "user", "content": OPEN_PROMPT}])
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+        start = time.perf_counter()
+        (out,) = llm.generate([prompt], params, use_tqdm=False)
+        rate = len(out.token_ids) / (time.perf_counter() - start)
+        print(f"{label:<38} {rate:6.1f} tok/s, no drafts: {out.text[:40]!r}...")
+    print()
+
+
 def generation_demo() -> None:
     from .cli import stream_to_stdout
     from .engine.llm import LLM
 
     print("== Part 1: exact speculative decoding on SmolLM2-135M-Instruct (CPU) ==\n")
-    print("loading the embedded model (the first run dequantizes the GGUF file, ~10 s) ...", flush=True)
     spec = LLM(draft="ngram", num_speculative_tokens=5, kv_cache_gib=0.25)
     plain = LLM(draft="none", kv_cache_gib=0.25, progress=False)
     prompt = spec.tokenizer.apply_chat_template([{"role": "user", "content": DEMO_PROMPT}])
@@ -155,6 +178,7 @@ def learned_demo() -> None:
 
 
 def main() -> None:
+    weights_demo()
     generation_demo()
     learned_demo()
     print("== Part 3: the rejection sampler alone ==\n")
