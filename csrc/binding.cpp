@@ -62,12 +62,11 @@ std::vector<std::string> supported_isas() {
 constexpr int64_t kBlock = 32;
 
 // x [M, K] float32 -> xq [M, K] int8, xd [M, K/32] float32, xs [M, K/32] int32, and for the
-// kernels xm [M, pad8(K/32)] = xd * xs: per block, xd = amax / 127,
+// kernels xm [M, K/32] = xd * xs: per block, xd = amax / 127,
 // xq = round-half-even(x * (127 / amax)), xs = sum(xq).
 void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xd, int32_t* xs,
                    float* xm) {
-  const int64_t groups = k / kBlock, padded = pad8(groups);
-  std::fill(xm, xm + rows * padded, 0.0f);
+  const int64_t groups = k / kBlock;
   at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* src = x + i * kBlock;
@@ -82,7 +81,7 @@ void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* x
       }
       xd[i] = amax / 127.0f;
       xs[i] = sum;
-      xm[i / groups * padded + i % groups] = xd[i] * static_cast<float>(sum);
+      xm[i] = xd[i] * static_cast<float>(sum);
     }
   });
 }
@@ -96,31 +95,32 @@ std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x) {
   auto xq = torch::empty({rows, k}, xc.options().dtype(torch::kInt8));
   auto xd = torch::empty({rows, k / kBlock}, xc.options());
   auto xs = torch::empty({rows, k / kBlock}, xc.options().dtype(torch::kInt32));
-  std::vector<float> xm(rows * pad8(k / kBlock));
+  std::vector<float> xm(rows * (k / kBlock));
   quantize_into(xc.data_ptr<float>(), rows, k, xq.data_ptr<int8_t>(), xd.data_ptr<float>(),
                 xs.data_ptr<int32_t>(), xm.data());
   return {xq, xd, xs};
 }
 
-// y [M, N] = x [M, K] times the block-quantized weight (qgemm.h) transposed.
+// y [M, N] = x [M, K] times the block-quantized weight (qgemm.h, panels of 8 columns)
+// transposed.
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& d,
                       const c10::optional<torch::Tensor>& m, int64_t bits, int64_t zero_point,
-                      const std::string& isa) {
+                      int64_t n, const std::string& isa) {
   TORCH_CHECK(bits == 4 || bits == 8, "bits=", bits, " is invalid: expected 4 or 8");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be 2-D float32");
-  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0), groups = k / kBlock;
-  TORCH_CHECK(k % kBlock == 0 && groups <= kMaxGroups, "x has ", k,
-              " columns: expected a multiple of 32, at most ", 32 * kMaxGroups);
-  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.dim() == 2 &&
-                  w.size(1) == k * bits / 8,
-              "w must be contiguous uint8 [N, K * bits / 8]");
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / kBlock;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  TORCH_CHECK(k % kBlock == 0, "x has ", k, " columns: expected a multiple of 32");
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
+                  w.numel() == panels * groups * kPanel * kBlock * bits / 8,
+              "w must be contiguous uint8 [ceil(N / 8), K / 32, 32 * bits]");
   const bool fp32 = d.scalar_type() == torch::kFloat32;
   TORCH_CHECK((fp32 || d.scalar_type() == torch::kFloat16) && d.is_contiguous() &&
-                  d.numel() == n * groups,
-              "d must be contiguous float16 or float32 [N, K / 32]");
+                  d.numel() == panels * groups * kPanel,
+              "d must be contiguous float16 or float32 [ceil(N / 8), K / 32, 8]");
   if (m) {
     TORCH_CHECK(m->scalar_type() == d.scalar_type() && m->is_contiguous() &&
-                    m->numel() == n * groups,
+                    m->numel() == d.numel(),
                 "m must be like d");
   }
   const Kernel kernel = kernel_for(isa);
@@ -130,14 +130,14 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torc
   std::vector<int8_t> xq(rows * k);
   std::vector<float> xd(rows * groups);
   std::vector<int32_t> xs(rows * groups);
-  std::vector<float> xm(rows * pad8(groups));
+  std::vector<float> xm(rows * groups);
   quantize_into(xc.data_ptr<float>(), rows, k, xq.data(), xd.data(), xs.data(), xm.data());
   QGemmArgs args{rows, n, k, xq.data(), xd.data(), xm.data(), w.data_ptr<uint8_t>(),
                  d.data_ptr(), m ? m->data_ptr() : nullptr, static_cast<int>(bits), fp32,
                  static_cast<int>(zero_point), y.data_ptr<float>(), n};
-  // Enough columns per task that a task's weights (>= 16 KB) outweigh its start-up.
-  const int64_t grain = std::max<int64_t>(16, (16 << 10) / std::max<int64_t>(1, k * bits / 8));
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+  // Enough panels per task that a task's weights (>= 16 KB) outweigh its start-up.
+  const int64_t grain = std::max<int64_t>(2, (16 << 10) / (kPanel * k * bits / 8));
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
   return y;
 }
 
@@ -154,5 +154,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("row_visible"), py::arg("row_tree_start"), py::arg("tree_mask"),
              py::arg("scale"));
   module.def("qlinear", &verispec::qlinear, py::arg("x"), py::arg("w"), py::arg("d"),
-             py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("isa"));
+             py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("isa"));
 }

@@ -7,25 +7,30 @@
 //   y[r, n] = sum_g d[n,g] * xd[r,g] * dot(q[n,g,:], xq[r,g,:]) + m[n,g] * (xd[r,g] * xs[r,g])
 // Every row is computed by the same sequence of operations whatever the other rows are, so a
 // row's result is bit-identical at any M.
+//
+// Weights are stored in panels of 8 columns (verispec/model/quant/formats.py, `to_panels`): for
+// panel p and block g, the four bytes q[n, g, 4k .. 4k+3] of its 8 columns n lie side by side,
+// so one 256-bit integer dot product of those 32 bytes with four activation bytes broadcast
+// gives each column's partial sum in its own lane, with no horizontal reduction:
+// - bits 8: chunk k = 0..7 of 32 bytes each (column-major within the chunk);
+// - bits 4: four chunks j = 0..3 of 32 bytes, the low nibbles holding elements 4j .. 4j+3 and the
+//   high nibbles elements 16+4j .. 16+4j+3.
+// Scales d and m are [panels, K / 32, 8]; padding columns have q = d = m = 0.
 #pragma once
 #include <cstdint>
 
 namespace verispec {
 
-// The widest K the kernels take (a column's scales live on the stack).
-constexpr int64_t kMaxGroups = 4096;
-
-inline int64_t pad8(int64_t groups) { return (groups + 7) / 8 * 8; }
+constexpr int64_t kPanel = 8;
 
 struct QGemmArgs {
-  int64_t M, N, K;        // K a multiple of 32, at most 32 * kMaxGroups
+  int64_t M, N, K;        // K a multiple of 32; N the real columns (panels hold ceil(N / 8) * 8)
   const int8_t* xq;       // [M, K]
   const float* xd;        // [M, K / 32]
-  const float* xm;        // [M, pad8(K / 32)] xd * xs, zero past K / 32
-  const uint8_t* w;       // bits 4: [N, K / 2], byte j of a block holds q[j] (low nibble) and
-                          // q[j + 16] (high nibble), as GGUF does; bits 8: [N, K]
-  const void* d;          // [N, K / 32] float16 (uint16_t bits) or float32
-  const void* m;          // [N, K / 32] like d, or null: m = -zero_point * d
+  const float* xm;        // [M, K / 32] xd * xs
+  const uint8_t* w;       // [ceil(N / 8), K / 32, 8 * 32 * bits / 8] panels (above)
+  const void* d;          // [ceil(N / 8), K / 32, 8] float16 (uint16_t bits) or float32
+  const void* m;          // like d, or null: m = -zero_point * d
   int bits;               // 4 or 8
   bool scales_fp32;
   int zero_point;
@@ -33,10 +38,10 @@ struct QGemmArgs {
   int64_t ldy;
 };
 
-// Columns [n0, n1) of y, one function per instruction set (qgemm_<isa>.cpp).
-void qgemm_avx512vnni(const QGemmArgs& a, int64_t n0, int64_t n1);
-void qgemm_avxvnni(const QGemmArgs& a, int64_t n0, int64_t n1);
-void qgemm_avx2(const QGemmArgs& a, int64_t n0, int64_t n1);
-void qgemm_generic(const QGemmArgs& a, int64_t n0, int64_t n1);
+// Panels [p0, p1) of y, one function per instruction set (qgemm_<isa>.cpp).
+void qgemm_avx512vnni(const QGemmArgs& a, int64_t p0, int64_t p1);
+void qgemm_avxvnni(const QGemmArgs& a, int64_t p0, int64_t p1);
+void qgemm_avx2(const QGemmArgs& a, int64_t p0, int64_t p1);
+void qgemm_generic(const QGemmArgs& a, int64_t p0, int64_t p1);
 
 }  // namespace verispec

@@ -1,6 +1,6 @@
 // qgemm for CPUs with avx2,fma,f16c; the body is qgemm_kernel.inc.
 #include <cstdint>
-#include <type_traits>
+#include <algorithm>
 #include <immintrin.h>
 #pragma GCC target("avx2,fma,f16c")
 #define VS_KERNEL qgemm_avx2

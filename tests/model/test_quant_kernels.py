@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from verispec.model.quant import kernels
-from verispec.model.quant.formats import QuantizedWeight, from_gguf, quantize_rtn
+from verispec.model.quant.formats import PanelWeight, QuantizedWeight, from_gguf, quantize_rtn
 
 KERNELS = kernels.available_kernels()
 
@@ -145,3 +145,14 @@ def test_rtn_weight_times_activations_is_close_to_the_float_product(kernel) -> N
         y = kernels.qlinear(x, quantize_rtn(weight, bits, 32), kernel)
         exact = x @ weight.T
         assert (y - exact).norm() / exact.norm() < tolerance
+
+
+@pytest.mark.parametrize("bits,minimum", [(4, True), (8, False)])
+def test_panels_hold_the_same_weight(bits, minimum) -> None:
+    weight = _random_weight(13, 64, bits, minimum, torch.float16, seed=7)  # 13: a padded panel
+    panels = PanelWeight(weight)
+    assert panels.packed.shape == (2, 2, 32 * bits)
+    back = panels.to_rows()
+    assert torch.equal(back.packed, weight.packed) and torch.equal(back.d, weight.d)
+    assert (back.m is None and weight.m is None) or torch.equal(back.m, weight.m)
+    assert torch.equal(panels.dequantize(), weight.dequantize())

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 BLOCK = 32
 # The GGUF block types run as stored; other types are widened to float by the loader.
@@ -88,6 +89,62 @@ class QuantizedWeight:
                                torch.cat([p.d for p in parts]),
                                None if first.m is None else torch.cat([p.m for p in parts]),
                                first.bits, first.zero_point, first.kind)
+
+
+PANEL = 8
+
+
+class PanelWeight:
+    """A QuantizedWeight laid out for the compiled kernels: panels of 8 columns whose bytes for
+    four consecutive elements lie side by side (csrc/qgemm.h), so one integer dot product gives
+    each column's partial sum in its own lane. packed: [ceil(N / 8), K / 32, 32 * bits] uint8;
+    d, m: [ceil(N / 8), K / 32, 8]; padding columns are zero."""
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        rows, columns = weight.shape
+        panels, groups = -(-rows // PANEL), columns // BLOCK
+        pad = panels * PANEL - rows
+        q = F.pad(weight.unpacked(), (0, 0, 0, pad)).view(panels, PANEL, groups, 8, 4)
+        if weight.bits == 8:  # chunk k of four elements, the 8 columns side by side
+            packed = q.permute(0, 2, 3, 1, 4)
+        else:  # chunk j in the low nibbles, chunk j + 4 in the high ones
+            packed = (q[:, :, :, :4] | (q[:, :, :, 4:] << 4)).permute(0, 2, 3, 1, 4)
+        self.packed = packed.reshape(panels, groups, -1).contiguous()
+
+        def panel_scales(t: torch.Tensor) -> torch.Tensor:
+            return F.pad(t, (0, 0, 0, pad)).view(panels, PANEL, groups).transpose(1, 2).contiguous()
+
+        self.d = panel_scales(weight.d)
+        self.m = None if weight.m is None else panel_scales(weight.m)
+        self.bits, self.zero_point, self.kind = weight.bits, weight.zero_point, weight.kind
+        self.shape = weight.shape
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.d, self.m)
+                   if t is not None)
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] float32
+        return self.to_rows().dequantize()
+
+    def to_rows(self) -> QuantizedWeight:
+        """The same weight in row layout (QuantizedWeight), padding dropped."""
+        rows, columns = self.shape
+        panels, groups = self.packed.shape[:2]
+        if self.bits == 8:
+            q = self.packed.view(panels, groups, 8, PANEL, 4).permute(0, 3, 1, 2, 4)
+        else:
+            nibbles = self.packed.view(panels, groups, 4, PANEL, 4)
+            q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=2).permute(0, 3, 1, 2, 4)
+        q = q.reshape(panels * PANEL, groups, BLOCK)[:rows]
+        packed = q if self.bits == 8 else q[..., :16] | (q[..., 16:] << 4)
+
+        def row_scales(t: torch.Tensor) -> torch.Tensor:
+            return t.transpose(1, 2).reshape(panels * PANEL, groups)[:rows]
+
+        return QuantizedWeight(packed.reshape(rows, -1), row_scales(self.d),
+                               None if self.m is None else row_scales(self.m), self.bits,
+                               self.zero_point, self.kind)
 
 
 def _halves(raw: np.ndarray, start: int) -> torch.Tensor:  # raw [N, G, block_bytes] -> [N, G]

@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from verispec.model.quant.formats import BLOCK, QuantizedWeight
+from verispec.model.quant.formats import BLOCK, PanelWeight, QuantizedWeight
 
 try:
     from verispec import _C
@@ -98,13 +98,23 @@ def _torch_qlinear(
     return torch.cat(out, dim=1)
 
 
+def prepare(weight: QuantizedWeight, kernel: str | None = None) -> QuantizedWeight | PanelWeight:
+    """The weight in the layout `kernel` (None: `default_kernel()`) reads: panels for the
+    compiled kernels, rows for the fallback."""
+    return weight if (kernel or default_kernel()) == FALLBACK else PanelWeight(weight)
+
+
 def qlinear(
     x: torch.Tensor,  # [M, K] float32
-    weight: QuantizedWeight,  # [N, K]
+    weight: QuantizedWeight | PanelWeight,  # [N, K]
     kernel: str | None = None,
 ) -> torch.Tensor:  # [M, N] float32
-    """x times the weight transposed, on `kernel` (None: `default_kernel()`)."""
+    """x times the weight transposed, on `kernel` (None: `default_kernel()`); a weight in the
+    other layout is converted first (tests; models `prepare` theirs once)."""
     kernel = kernel or default_kernel()
     if kernel == FALLBACK:
-        return _torch_qlinear(x, weight)
-    return _C.qlinear(x, weight.packed, weight.d, weight.m, weight.bits, weight.zero_point, kernel)
+        return _torch_qlinear(x, weight.to_rows() if isinstance(weight, PanelWeight) else weight)
+    if isinstance(weight, QuantizedWeight):
+        weight = PanelWeight(weight)
+    return _C.qlinear(x, weight.packed, weight.d, weight.m, weight.bits, weight.zero_point,
+                      weight.shape[0], kernel)

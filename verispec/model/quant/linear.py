@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.model.quant.formats import QuantizedWeight
-from verispec.model.quant.kernels import qlinear
+from verispec.model.quant.formats import PanelWeight, QuantizedWeight
+from verispec.model.quant.kernels import prepare, qlinear
 
 Part = QuantizedWeight | torch.Tensor
+Prepared = QuantizedWeight | PanelWeight | torch.Tensor
 
 
 def stack_parts(parts: list[Part]) -> list[Part]:
@@ -35,7 +36,7 @@ class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.parts: list[Part] = []
+        self.parts: list[Prepared] = []  # in the layout the kernel reads (kernels.prepare)
 
     def load(self, parts: list[Part]) -> None:
         rows = sum(p.shape[0] for p in parts)
@@ -43,14 +44,15 @@ class QuantLinear(nn.Module):
         if rows != self.out_features or widths != {self.in_features}:
             raise ValueError(f"weights of shapes {[tuple(p.shape) for p in parts]} do not make a "
                              f"[{self.out_features}, {self.in_features}] linear layer")
-        self.parts = stack_parts(parts)
+        self.parts = [prepare(p) if isinstance(p, QuantizedWeight) else p
+                      for p in stack_parts(parts)]
 
     def cost_rows(self, rows: int) -> int:
         return rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] float32 -> [T, out] float32
         x = x.float()
-        outs = [qlinear(x, p) if isinstance(p, QuantizedWeight) else F.linear(x, p)
+        outs = [F.linear(x, p) if isinstance(p, torch.Tensor) else qlinear(x, p)
                 for p in self.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
@@ -61,11 +63,14 @@ class QuantLinear(nn.Module):
         for part in self.parts:
             hit = ((index >= start) & (index < start + part.shape[0])).nonzero().squeeze(1)
             local = index[hit] - start
-            dense[hit] = part.select_rows(local).dequantize() \
-                if isinstance(part, QuantizedWeight) else part.index_select(0, local)
+            if isinstance(part, torch.Tensor):
+                dense[hit] = part.index_select(0, local)
+            else:
+                rows = part.to_rows() if isinstance(part, PanelWeight) else part
+                dense[hit] = rows.select_rows(local).dequantize()
             start += part.shape[0]
         return dense
 
     def extra_repr(self) -> str:
-        kinds = [p.kind if isinstance(p, QuantizedWeight) else "float32" for p in self.parts]
+        kinds = ["float32" if isinstance(p, torch.Tensor) else p.kind for p in self.parts]
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={kinds}"
