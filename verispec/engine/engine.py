@@ -87,6 +87,7 @@ class PreparedRequest:
     uncond_token_ids: list[int] | None
     params: SamplingParams
     num_speculative_tokens: int
+    group: str | None = None  # requests sharing a group are admitted fairly against other groups
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,9 @@ class LLMEngine:
         self._steps = 0  # engine steps run so far
         self._requests: dict[str, Request] = {}
         self._decoders: dict[str, IncrementalDecoder] = {}
+        # No token covers more than longest_token characters (4x for normalizers that merge
+        # characters), so a longer text has at least max_model_len tokens.
+        self._max_prompt_chars = 4 * tokenizer.longest_token * config.max_model_len
 
     def add_request(
         self,
@@ -175,10 +179,15 @@ class LLMEngine:
         *,
         name: str = "prompt",
         add_special_tokens: bool = True,
+        group: str | None = None,
     ) -> PreparedRequest:
         """Validates and encodes a request without queueing it; raises ValueError / TypeError
         naming the bad argument (`name` is what the prompt is called in that message).
-        add_special_tokens=False: a prompt text whose chat template wrote its own BOS."""
+        add_special_tokens=False: a prompt text whose chat template wrote its own BOS.
+        group: the scheduler admits waiting requests round-robin over groups (e.g. the n x
+        prompts of one server request), so one group's fan-out cannot starve the others; by
+        default every request is its own group (admission in arrival order).
+        Touches no engine state, so it may run on another thread than step()."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params is {type(params).__name__}: expected SamplingParams")
@@ -202,7 +211,7 @@ class LLMEngine:
                 raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: "
                                  "expected an integer in [0, 64]")
             k = num_speculative_tokens
-        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0)
+        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0, group)
 
     def enqueue(self, prepared: PreparedRequest) -> str:
         """Queues a request from prepare_request; returns its request id."""
@@ -219,6 +228,7 @@ class LLMEngine:
             uncond_token_ids=prepared.uncond_token_ids, prompt=prepared.prompt,
             logprobs=None if params.logprobs is None else [],
             max_tokens=min(params.max_tokens, self.config.max_model_len - longest),
+            group=prepared.group,
         )
         request.num_speculative_tokens = self._next_k(request)
         self._requests[request_id] = request
@@ -229,6 +239,11 @@ class LLMEngine:
     def _encode(self, name: str, value: object, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text or as token ids."""
         if isinstance(value, str):
+            # A text too long for any tokenization to fit is refused before encoding it (a
+            # 20 MB prompt would take seconds and gigabytes to tokenize only to be refused).
+            if len(value) > self._max_prompt_chars:
+                raise ValueError(f"{name} has {len(value)} characters: at least max_model_len "
+                                 f"({self.config.max_model_len}) tokens, expected fewer")
             ids = self.tokenizer.encode(value, add_special_tokens=add_special_tokens)
             if not ids:
                 raise ValueError(f"{name}={reprlib.repr(value)} encodes to no tokens: expected non-empty text")

@@ -4,8 +4,12 @@ Plain Python over the BlockManager. Each step:
 1. running requests, oldest first, get their pending tokens (+ K draft slots when they sample);
    when the cache is full, the newest running request is preempted (its blocks freed, to be
    recomputed later) rather than failing anyone;
-2. waiting requests are admitted in arrival order while the token budget, the sequence limit
-   and the cache allow, unless this step had to preempt (admitting would only thrash).
+2. waiting requests are admitted while the token budget, the sequence limit and the cache
+   allow, unless this step had to preempt (admitting would only thrash). Admission is fair
+   across groups (Request.group, e.g. one server request's n x prompts): the next admitted is
+   the oldest waiting request of the group with the fewest running requests, so a request that
+   fans out into thousands of sequences takes turns with later ones instead of queueing them
+   all behind it. Requests without a group are each their own: admission in arrival order.
 A prompt longer than the remaining budget is prefilled in chunks. A chunk never completes a
 sequence unless the request samples in that step, so the row of its last pending token is
 always fed together with its drafts. A CFG request's two sequences move as one unit: their
@@ -106,7 +110,7 @@ class Scheduler:
             self.waiting and budget > 0 and not out.preempted
             and len(self.running) < self.config.max_num_seqs
         ):
-            request = self.waiting[0]
+            request = self._next_waiting()
             problem = self._never_fits(request)
             if problem is not None:
                 self.finish(request, FinishReason.ERROR, problem)
@@ -116,7 +120,7 @@ class Scheduler:
             if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
                     or not self._fits(request, plan):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             for seq in request.seqs:
                 self.blocks.allocate(seq.seq_id, 0)
             request.status = RequestStatus.RUNNING
@@ -125,6 +129,27 @@ class Scheduler:
             out.scheduled.append(plan)
             budget -= self._cost(plan)
         return out
+
+    def _next_waiting(self) -> Request:
+        """The oldest waiting request of the group with the fewest running requests (waiting is
+        in arrival order, preempted requests back in their place)."""
+        running: dict[str, int] = {}
+        for r in self.running:
+            running[_group(r)] = running.get(_group(r), 0) + 1
+        best = self.waiting[0]
+        best_count = running.get(_group(best), 0)
+        seen = set()
+        for r in self.waiting:
+            if best_count == 0:
+                break  # nothing beats an idle group, and older requests come first
+            group = _group(r)
+            if group in seen:
+                continue
+            seen.add(group)
+            count = running.get(group, 0)
+            if count < best_count:
+                best, best_count = r, count
+        return best
 
     def commit(self, planned: ScheduledRequest, num_accepted: int) -> None:
         """After the step: the fed tokens and the accepted drafts stay in the cache, the slots of
@@ -197,3 +222,7 @@ class Scheduler:
         # Back to the front of the queue, ahead of requests that arrived after it.
         index = next((i for i, r in enumerate(self.waiting) if r.arrival > request.arrival), len(self.waiting))
         self.waiting.insert(index, request)
+
+
+def _group(request: Request) -> str:
+    return request.request_id if request.group is None else request.group
