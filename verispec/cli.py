@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .config import ServeLimits, TreeShape, parse_tree
 from .sampling_params import SamplingParams
@@ -34,8 +34,16 @@ prompt's last token), and stays exact under speculation.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every argument error as the one `verispec: error: ...` line (exit 2) that
+    every other error of the command line is, not a usage block headed by the subcommand."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"verispec: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="verispec", description="Exact speculative decoding for LLM inference.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -270,15 +270,22 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
-        """Runs one engine step; returns the outputs of requests that changed."""
+        """Runs one engine step; returns the outputs of requests that changed. Never raises
+        for a request's sake: a request whose scheduling, drafting, verification or drafter
+        bookkeeping raises is failed (module docstring)."""
         self._steps += 1
-        plan = self.scheduler.schedule()
+        try:
+            plan = self.scheduler.schedule()
+        except Exception as error:  # outside any one request's planning: nobody can be served
+            logger.exception("scheduling raised; failing every unfinished request")
+            return [self._fail(r, error) for r in [*self.scheduler.running, *self.scheduler.waiting]]
         outputs = [self._output(r, []) for r in plan.failed]
         for request in plan.failed:
             self._forget(request)
         for request in plan.preempted:
-            if self.drafter is not None:
-                self.drafter.release(request.request_id)
+            error = self._release(request.request_id)
+            if error is not None:
+                outputs.append(self._fail(request, error))
         return outputs + self._run(plan.scheduled)
 
     def _run(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
@@ -289,13 +296,17 @@ class LLMEngine:
         try:
             emitted = self._execute(scheduled)
         except Exception as error:
-            if self.drafter is not None:
-                for p in scheduled:
-                    self.drafter.release(p.request.request_id)
-            if len(scheduled) == 1:
+            # A half-run drafter may hold state for tokens it never computed; a request whose
+            # state cannot be dropped cannot be drafted for again.
+            unreleased = {p.request.request_id: e for p in scheduled
+                          if (e := self._release(p.request.request_id)) is not None}
+            failed = [self._fail(p.request, unreleased[p.request.request_id]) for p in scheduled
+                      if p.request.request_id in unreleased]
+            scheduled = [p for p in scheduled if p.request.request_id not in unreleased]
+            if len(scheduled) == 1 and not failed:
                 return [self._fail(scheduled[0].request, error)]
             logger.warning("a batch of %d requests raised; running them one at a time", len(scheduled))
-            return [out for p in scheduled for out in self._run([p])]
+            return failed + [out for p in scheduled for out in self._run([p])]
         outputs = []
         for p, e in zip(scheduled, emitted):
             try:
@@ -522,9 +533,20 @@ class LLMEngine:
         self.scheduler.finish(request, reason, error)
         self._forget(request)
 
+    def _release(self, request_id: str) -> Exception | None:
+        """Drops the drafter's state of a request; returns what release raised (logged), so that
+        a drafter's bookkeeping failing fails that request, not the step."""
+        if self.drafter is None:
+            return None
+        try:
+            self.drafter.release(request_id)
+        except Exception as error:
+            logger.warning("the drafter's release of %s raised", request_id, exc_info=error)
+            return error
+        return None
+
     def _forget(self, request: Request) -> None:
-        if self.drafter is not None:
-            self.drafter.release(request.request_id)
+        self._release(request.request_id)  # the request is over either way
         if self.adaptive is not None:
             self.adaptive.release(request.request_id)
         self._requests.pop(request.request_id, None)

@@ -27,12 +27,15 @@ oldest first), so it waits at most until they finish.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import EngineConfig
 from .kv_cache import BlockManager
 from .request import FinishReason, Request, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,22 +91,19 @@ class Scheduler:
         request.error = error
 
     def schedule(self) -> SchedulerOutput:
+        """The next step's plan. A request whose planning raises is finished with
+        FinishReason.ERROR (blocks freed) and listed in `failed`; the others are planned as usual."""
         out = SchedulerOutput([], [], [])
         budget = self.config.max_num_batched_tokens
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING or budget == 0:
                 continue
-            plan = self._plan(request, budget)
-            if plan is None:
+            try:
+                plan = self._schedule_running(request, budget, out)
+            except Exception as error:
+                self._fail(request, error, out)
                 continue
-            while not self._fits(request, plan):
-                victim = self.running[-1]
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status is RequestStatus.RUNNING:
-                self._reserve(request, plan)
+            if plan is not None:
                 out.scheduled.append(plan)
                 budget -= self._cost(plan)
         while (
@@ -111,24 +111,56 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self._next_waiting()
-            problem = self._never_fits(request)
+            try:
+                problem = self._never_fits(request)
+                plan = self._admit(request, budget) if problem is None else None
+            except Exception as error:
+                self._fail(request, error, out)
+                continue
             if problem is not None:
                 self.finish(request, FinishReason.ERROR, problem)
                 out.failed.append(request)
                 continue
-            plan = self._plan(request, budget)
-            if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
-                    or not self._fits(request, plan):
+            if plan is None:
                 break
-            self.waiting.remove(request)
-            for seq in request.seqs:
-                self.blocks.allocate(seq.seq_id, 0)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self._reserve(request, plan)
             out.scheduled.append(plan)
             budget -= self._cost(plan)
         return out
+
+    def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
+        """A running request's share of the step, preempting the newest requests (itself last)
+        while the cache cannot hold it; None when it does not move this step."""
+        plan = self._plan(request, budget)
+        if plan is None:
+            return None
+        while not self._fits(request, plan):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return None
+        self._reserve(request, plan)
+        return plan
+
+    def _admit(self, request: Request, budget: int) -> ScheduledRequest | None:
+        """Moves a waiting request to running with its share of the step; None when it does not
+        fit (then nothing later is admitted either: skipping it could starve a large request)."""
+        plan = self._plan(request, budget)
+        if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
+                or not self._fits(request, plan):
+            return None
+        self.waiting.remove(request)
+        for seq in request.seqs:
+            self.blocks.allocate(seq.seq_id, 0)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._reserve(request, plan)
+        return plan
+
+    def _fail(self, request: Request, error: Exception, out: SchedulerOutput) -> None:
+        logger.warning("scheduling request %s raised; failing it", request.request_id, exc_info=error)
+        self.finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+        out.failed.append(request)
 
     def _next_waiting(self) -> Request:
         """The oldest waiting request of the group with the fewest running requests (waiting is
