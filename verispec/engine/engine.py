@@ -415,7 +415,8 @@ class LLMEngine:
         requests = [
             DraftRequest(p.request.request_id, p.request.all_token_ids(), k,
                          p.request.params, p.request.seed, p.request.step,
-                         num_prompt_tokens=len(p.request.prompt_token_ids))
+                         num_prompt_tokens=len(p.request.prompt_token_ids),
+                         batch_invariant=p.request.batch_invariant)
             for p, k in drafting
         ]
         if self.tree is None:
