@@ -492,7 +492,8 @@ class LLMEngine:
                                          dtype=torch.int64, device=device)
                 cu = torch.tensor([0, *itertools.accumulate(accepted)], device=device)
             emitted = emitted_logprobs(target, draft_ids, cu, metadata, out, [n is not None for n in asked],
-                                       max(n or 0 for n in asked), uncond)
+                                       max(n or 0 for n in asked), uncond,
+                                       adjusted=out.adjusted if self.tree is None else None)
             records = token_logprobs(emitted, tokens, [n or 0 for n in asked])
         return [_Verified(t, path, r) for t, path, r in zip(tokens, paths, records)]
 
