@@ -125,7 +125,13 @@ events), GET /v1/models, GET /health, GET /metrics (Prometheus). Beyond OpenAI's
 accept top_k, min_p, repetition_penalty, guidance_scale, negative_prompt, ignore_eos and
 num_speculative_tokens (per-request K, 0 turns speculation off for that request). Concurrent
 requests share every engine step; speculation stays exact, so a request's output does not
-depend on its K or on what else is being served.
+depend on its K or on what else is being served. Bad input is a 400 with OpenAI's error object
+naming the field (types are strict: "2" is not a number); an unknown model is a 404.
+
+Limits (the options above): body size (413), sequences per request (n x prompts), header and body timeouts,
+open connections; waiting requests are admitted in turns, so one request's fan-out cannot hold
+the others back. GET /health is 503 while the engine is stuck in a step. With --host 0.0.0.0,
+set the limits for your clients and put an authenticating proxy in front.
 """
 
 

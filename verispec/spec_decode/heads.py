@@ -45,7 +45,7 @@ from ..model.rotary import RotaryEmbedding
 
 KINDS = ("eagle", "medusa")
 METADATA_KEY = "verispec.head"
-# Heads trained for the embedded SmolLM2-135M-Instruct, shipped in the package (docs/benchmarks.md).
+# Heads trained for the embedded SmolLM2-135M-Instruct, shipped in the package (docs/drafter-training.md).
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "heads"
 
 

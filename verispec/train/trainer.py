@@ -41,7 +41,7 @@ CHECKPOINT = "checkpoint.pt"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # The recipe of the shipped heads (docs/benchmarks.md): on ~100k tokens of data, many small
+    # The recipe of the shipped heads (docs/drafter-training.md): on ~100k tokens of data, many small
     # steps learn far more per unit of compute than few large ones.
     epochs: int = 8
     batch_tokens: int = 1024  # sequences are packed into steps of about this many tokens
