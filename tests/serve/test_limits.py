@@ -152,3 +152,23 @@ def test_health_is_503_while_the_engine_is_wedged(limited, monkeypatch) -> None:
             release.set()
         pending.result(timeout=30)
     assert httpx2.get(base + "/health", timeout=10).status_code == 200
+
+
+def test_one_requests_fan_out_does_not_queue_a_later_request_behind_it(checkpoint) -> None:
+    """Two sequences at a time: a request of n=8 long samples, then a 2-token request. The
+    later request takes the first free slot instead of waiting for all 8 samples."""
+    from verispec import LLM
+
+    llm = LLM(checkpoint, num_speculative_tokens=3, kv_cache_gib=0.002, max_num_batched_tokens=256,
+              max_num_seqs=2, progress=False)
+    with serving(llm, MODEL, LIMITS) as base, ThreadPoolExecutor(1) as pool:
+        fan_out = pool.submit(httpx2.post, base + "/v1/completions", json={
+            "model": MODEL, "prompt": "the", "n": 8, "max_tokens": 48, "ignore_eos": True}, timeout=120)
+        deadline = time.monotonic() + 30
+        while len(llm.engine.scheduler.running) < 2:
+            assert time.monotonic() < deadline and not fan_out.done()
+            time.sleep(0.01)
+        _works(base)
+        left = len(llm.engine.scheduler.running) + len(llm.engine.scheduler.waiting)
+        assert left >= 4, f"the short request waited for {8 - left} of the 8 samples"
+        assert fan_out.result().status_code == 200
