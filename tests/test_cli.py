@@ -219,3 +219,74 @@ def test_bad_sampler_values_are_one_line(checkpoint, capsys, args: list[str], me
     assert main(["generate", "--model", checkpoint, "--no-chat", *args, "t1"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _damaged_head(tmp_path: Path, damage: str) -> Path:
+    """The shipped EAGLE head file, damaged as a cut download or a stray file would be."""
+    from verispec.spec_decode.heads import shipped_head
+
+    data = shipped_head("eagle").read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"] = [0, 10**12]
+    bad_header = json.dumps(header).encode()
+    damaged = {
+        "truncated": data[: len(data) // 2],
+        "empty": b"",
+        "random": bytes(range(256)) * 8,
+        "huge header length": struct.pack("<Q", 2**62) + data[8:],
+        "bad offsets": struct.pack("<Q", len(bad_header)) + bad_header + data[8 + size :],
+    }[damage]
+    path = tmp_path / "head.safetensors"
+    path.write_bytes(damaged)
+    return path
+
+
+HEAD_DAMAGE = ["truncated", "empty", "random", "huge header length", "bad offsets"]
+
+
+@pytest.mark.parametrize("damage", HEAD_DAMAGE)
+@pytest.mark.parametrize("command,prefix", [("generate", ""), ("generate", "ngram+"), ("serve", "")])
+def test_a_damaged_head_file_is_one_line(checkpoint, capsys, tmp_path, damage, command, prefix) -> None:
+    path = _damaged_head(tmp_path, damage)
+    args = ["--model", checkpoint, "--draft", prefix + str(path)]
+    code = _run(checkpoint, *args[2:]) if command == "generate" else main(["serve", *args, "--port", "1"])
+    assert code == 2
+    assert f"draft head file {str(path)!r} is not a valid safetensors file" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("damage", HEAD_DAMAGE)
+def test_llm_names_a_damaged_head_file_in_a_value_error(checkpoint, tmp_path, damage) -> None:
+    from verispec import LLM
+
+    path = _damaged_head(tmp_path, damage)
+    for draft in (str(path), "ngram+" + str(path)):
+        with pytest.raises(ValueError, match=re.escape(str(path))):
+            LLM(checkpoint, draft=draft, progress=False)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "--tree", "3,x", "t1"], "argument --tree: tree '3,x' is invalid"),
+    (["generate", "--tree", "dynamic:0", "t1"], "argument --tree:"),
+    (["generate", "--max-tokens", "many", "t1"], "argument --max-tokens: invalid int value: 'many'"),
+    (["generate"], "the following arguments are required: prompt"),
+    (["serve", "--port", "x"], "argument --port: invalid int value: 'x'"),
+    (["train-drafter", "--kind", "lstm"], "argument --kind: invalid choice: 'lstm'"),
+    (["nonsense"], "argument command: invalid choice: 'nonsense'"),
+    (["generate", "--no-such-flag", "t1"], "unrecognized arguments: --no-such-flag"),
+])
+def test_every_argument_error_is_the_one_error_line(capsys, args, message) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("verispec: error: ") and message in err, err
+    assert "usage:" not in err
+
+
+@pytest.mark.parametrize("flag", ["--max-request-bytes", "--max-choices", "--max-connections",
+                                  "--header-timeout", "--body-timeout", "--stall-timeout"])
+def test_bad_serve_limits_are_one_line_naming_the_flag(checkpoint, capsys, flag) -> None:
+    assert main(["serve", "--model", checkpoint, flag, "0"]) == 2
+    assert re.match(rf"verispec: error: {flag}=0(\.0)? is invalid", _error_line(capsys))

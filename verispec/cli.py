@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from .config import TreeShape, parse_tree
+from .config import ServeLimits, TreeShape, parse_tree
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -34,8 +34,16 @@ prompt's last token), and stays exact under speculation.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every argument error as the one `verispec: error: ...` line (exit 2) that
+    every other error of the command line is, not a usage block headed by the subcommand."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"verispec: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="verispec", description="Exact speculative decoding for LLM inference.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -127,7 +135,13 @@ events), GET /v1/models, GET /health, GET /metrics (Prometheus). Beyond OpenAI's
 accept top_k, min_p, repetition_penalty, guidance_scale, negative_prompt, ignore_eos and
 num_speculative_tokens (per-request K, 0 turns speculation off for that request). Concurrent
 requests share every engine step; speculation stays exact, so a request's output does not
-depend on its K or on what else is being served.
+depend on its K or on what else is being served. Bad input is a 400 with OpenAI's error object
+naming the field (types are strict: "2" is not a number); an unknown model is a 404.
+
+Limits (the options above): body size (413), sequences per request (n x prompts), header and body timeouts,
+open connections; waiting requests are admitted in turns, so one request's fan-out cannot hold
+the others back. GET /health is 503 while the engine is stuck in a step. With --host 0.0.0.0,
+set the limits for your clients and put an authenticating proxy in front.
 """
 
 
@@ -140,12 +154,31 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     add_model_arguments(serve, "most draft tokens verified per step; a request's num_speculative_tokens "
                                "overrides it (default: 5)")
     serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
+                       help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all: "
+                            "then the limits below are what stands between a client and the others)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--served-model-name", default="verispec",
                        help="the name clients pass as `model` (default: verispec)")
     serve.add_argument("--max-num-seqs", type=int, default=64,
                        help="most requests generated at once; more wait in the queue (default: 64)")
+    limits = ServeLimits()
+    serve.add_argument("--max-request-bytes", type=int, default=limits.max_request_bytes, metavar="BYTES",
+                       help=f"largest request body; larger ones get 413 before being parsed "
+                            f"(default: {limits.max_request_bytes})")
+    serve.add_argument("--max-choices", type=int, default=limits.max_choices, metavar="N",
+                       help=f"most sequences one request may ask for, n x prompts (default: {limits.max_choices}, "
+                            "OpenAI's cap on n)")
+    serve.add_argument("--header-timeout", type=float, default=limits.header_timeout_s, metavar="S",
+                       help=f"seconds a client has to send a request's headers before the connection is "
+                            f"closed (default: {limits.header_timeout_s:g})")
+    serve.add_argument("--body-timeout", type=float, default=limits.body_timeout_s, metavar="S",
+                       help=f"seconds a client has to send a request's body, else 408 "
+                            f"(default: {limits.body_timeout_s:g})")
+    serve.add_argument("--max-connections", type=int, default=limits.max_connections, metavar="N",
+                       help=f"open connections before new requests get 503 (default: {limits.max_connections})")
+    serve.add_argument("--stall-timeout", type=float, default=limits.stall_s, metavar="S",
+                       help=f"GET /health answers 503 once the engine has spent this long in one step with "
+                            f"work queued (default: {limits.stall_s:g})")
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -243,18 +276,34 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def serve_limits(args: argparse.Namespace) -> ServeLimits:
+    """The server's limits from its flags; a bad value raises ValueError naming the flag."""
+    flags = {"max_request_bytes": "--max-request-bytes", "max_choices": "--max-choices",
+             "header_timeout_s": "--header-timeout", "body_timeout_s": "--body-timeout",
+             "max_connections": "--max-connections", "stall_s": "--stall-timeout"}
+    try:
+        return ServeLimits(args.max_request_bytes, args.max_choices, args.header_timeout, args.body_timeout,
+                           args.max_connections, args.stall_timeout)
+    except ValueError as error:
+        name, _, rest = str(error).partition("=")
+        raise ValueError(f"{flags.get(name, name)}={rest}") from None
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .engine.llm import LLM
     from .serve import build_app
+    from .serve.limits import server_config
 
+    limits = serve_limits(args)
     _set_threads(args.threads)
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
               dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, tree=args.tree,
               quantization=args.quantize, quantization_group_size=args.quantize_group_size)
-    uvicorn.run(build_app(llm, args.served_model_name), host=args.host, port=args.port)
+    uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits), args.host, args.port,
+                                 limits)).run()
     return 0
 
 

@@ -223,3 +223,29 @@ class EngineConfig:
         k = self.speculative.num_speculative_tokens if self.speculative.enabled else 0
         _require(self.max_num_batched_tokens > k, "max_num_batched_tokens", self.max_num_batched_tokens,
                  f"more than num_speculative_tokens ({k}), so a decode step fits")
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one client may take of `verispec serve` (serve/limits.py).
+
+    max_request_bytes: largest request body (413 beyond). max_choices: most sequences one
+    request may queue, n x prompts (OpenAI caps n at 128). header_timeout_s / body_timeout_s:
+    time a client has to send a request's headers / its body. max_connections: open connections
+    (and requests) before new ones get 503. stall_s: /health answers 503 when the engine thread
+    has been inside one step or command this long while work is queued."""
+
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_choices: int = 128
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 256
+    stall_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "max_choices", "max_connections"):
+            _positive_int(name, getattr(self, name))
+        for name in ("header_timeout_s", "body_timeout_s", "stall_s"):
+            value = getattr(self, name)
+            _require(not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0, name, value,
+                     "a number of seconds > 0")

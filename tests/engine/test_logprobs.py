@@ -90,3 +90,22 @@ def test_streamed_records_add_up_and_are_off_by_default(model) -> None:
             final[out.request_id] = out
     assert streamed[asked] == final[asked].logprobs
     assert final[asked].token_ids == final[plain].token_ids  # asking costs nothing in tokens
+
+
+def test_penalised_logprobs_reuse_the_verifiers_adjusted_rows(model, monkeypatch) -> None:
+    """With penalties the pre-stage (each row penalised with its own history) runs once, in
+    rejection_sample; the log-probabilities read its rows and still match the oracle."""
+    from verispec.sample import logprobs
+
+    def again(*args, **kwargs):
+        raise AssertionError("the penalty pre-stage ran a second time for log-probabilities")
+
+    monkeypatch.setattr(logprobs, "adjust_rows", again)
+    params = PARAMS[2]
+    drafter = DraftModelDrafter(tiny_model(seed=1, scale=3.0), num_blocks=256, block_size=4)
+    engine = tiny_engine(model, drafter, k=4)
+    ids = [engine.add_request(p, params) for p in PROMPTS]
+    done = run_all(engine)
+    for rid, prompt in zip(ids, PROMPTS):
+        assert done[rid].finish_reason == "length"
+        assert_records_match_the_oracle(model, prompt, done[rid], params)

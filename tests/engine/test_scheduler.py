@@ -176,3 +176,25 @@ def test_seeded_k_that_never_fits_a_step_is_cut_the_same_in_any_batch() -> None:
                 elif p.request.remaining_tokens <= 0:
                     sched.finish(p.request, FinishReason.LENGTH)
         assert ks == [4]  # 2 sequences x (4 + 1) rows fill the budget of 10 exactly
+
+
+def test_admission_takes_turns_across_groups() -> None:
+    """One request's fan-out (group "a", 6 sequences queued first) does not queue a later request
+    (group "b") behind all of it: b is admitted as soon as a slot is free."""
+    sched, _ = make(max_seqs=2, budget=64)
+    fan_out = [request(i, 4, max_tokens=3) for i in range(6)]
+    late = request(6, 4, max_tokens=3)
+    for r in fan_out:
+        r.group = "a"
+        sched.add(r)
+    late.group = "b"
+    sched.add(late)
+    admitted = [plan.request.request_id for plan in emit(sched)]
+    assert admitted == ["r0", "r6"]
+
+
+def test_requests_without_a_group_are_admitted_in_arrival_order() -> None:
+    sched, _ = make(max_seqs=3, budget=64)
+    for i in range(5):
+        sched.add(request(i, 4, max_tokens=3))
+    assert [plan.request.request_id for plan in emit(sched)] == ["r0", "r1", "r2"]

@@ -14,7 +14,9 @@ import pytest
 import uvicorn
 
 from verispec import LLM
+from verispec.config import ServeLimits
 from verispec.serve import build_app
+from verispec.serve.limits import server_config
 
 from ..model.conftest import write_bos_chat_checkpoint
 
@@ -32,14 +34,14 @@ def make_llm(checkpoint: str) -> LLM:
 
 
 @contextlib.contextmanager
-def serving(llm: LLM, model_name: str) -> Iterator[str]:
-    """Serves `llm` on 127.0.0.1 and a free port in a thread; yields the base url; always shuts
-    the server down."""
+def serving(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) -> Iterator[str]:
+    """Serves `llm` under `limits` on 127.0.0.1 and a free port in a thread, as `verispec serve`
+    does; yields the base url; always shuts the server down."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(llm, model_name), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(server_config(build_app(llm, model_name, limits), "127.0.0.1", port, limits,
+                                         log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

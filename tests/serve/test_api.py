@@ -93,4 +93,5 @@ def test_completion_logprobs_in_the_legacy_shape(client) -> None:
 
 def test_models_and_health(client, server) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
-    assert httpx2.get(server[0] + "/health").json() == {"status": "ok"}
+    health = httpx2.get(server[0] + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["engine_alive"]

@@ -19,3 +19,15 @@ def test_serve_help_teaches_the_endpoints(capsys) -> None:
 def test_serve_defaults() -> None:
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.served_model_name, args.draft) == ("127.0.0.1", 8000, "verispec", "ngram")
+
+
+def test_serve_limits_default_to_serve_limits() -> None:
+    from verispec.cli import serve_limits
+    from verispec.config import ServeLimits
+
+    args = build_parser().parse_args(["serve"])
+    assert serve_limits(args) == ServeLimits()
+    args = build_parser().parse_args(["serve", "--max-choices", "4", "--max-request-bytes", "1000",
+                                      "--header-timeout", "2", "--body-timeout", "3", "--max-connections", "9",
+                                      "--stall-timeout", "5"])
+    assert serve_limits(args) == ServeLimits(1000, 4, 2.0, 3.0, 9, 5.0)

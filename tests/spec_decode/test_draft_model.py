@@ -55,3 +55,28 @@ def test_num_prompt_tokens_is_checked() -> None:
         DraftRequest("r", [1, 2, 3], 2, SamplingParams(), seed=0, step=0, num_prompt_tokens=4)
     request = DraftRequest("r", [1, 2, 3], 2, SamplingParams(), seed=0, step=0, num_prompt_tokens=1)
     assert list(request.prompt_token_ids) == [1] and list(request.output_token_ids) == [2, 3]
+
+
+def test_a_seeded_request_is_batch_invariant_when_the_draft_cache_is_full() -> None:
+    """Older unseeded requests with long prompts would fill the draft model's cache; the seeded
+    request is served first (evicting them), so it drafts and emits as it does alone."""
+    from ..tiny import run_all, tiny_engine
+
+    target, draft = tiny_model(seed=0, scale=3.0), tiny_model(seed=0, scale=3.0)
+    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=24, ignore_eos=True)
+
+    def run(others: int) -> tuple[list[int], int]:
+        drafter = DraftModelDrafter(draft, num_blocks=14, block_size=4)  # 56 slots
+        engine = tiny_engine(target, drafter, k=4, budget=256)
+        for i in range(others):
+            engine.add_request([(i * 5 + j) % 15 + 1 for j in range(20)],
+                               SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True))
+        rid = engine.add_request([3, 1, 4, 1, 5, 9], seeded)
+        out = run_all(engine)[rid]
+        assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
+        return out.token_ids, out.stats.num_draft_tokens
+
+    alone, drafted = run(0)
+    assert drafted > 0
+    for others in (1, 3):
+        assert run(others) == (alone, drafted)

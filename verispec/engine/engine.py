@@ -87,6 +87,7 @@ class PreparedRequest:
     uncond_token_ids: list[int] | None
     params: SamplingParams
     num_speculative_tokens: int
+    group: str | None = None  # requests sharing a group are admitted fairly against other groups
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,9 @@ class LLMEngine:
         self._steps = 0  # engine steps run so far
         self._requests: dict[str, Request] = {}
         self._decoders: dict[str, IncrementalDecoder] = {}
+        # No token covers more than longest_token characters (4x for normalizers that merge
+        # characters), so a longer text has at least max_model_len tokens.
+        self._max_prompt_chars = 4 * tokenizer.longest_token * config.max_model_len
 
     def add_request(
         self,
@@ -175,10 +179,15 @@ class LLMEngine:
         *,
         name: str = "prompt",
         add_special_tokens: bool = True,
+        group: str | None = None,
     ) -> PreparedRequest:
         """Validates and encodes a request without queueing it; raises ValueError / TypeError
         naming the bad argument (`name` is what the prompt is called in that message).
-        add_special_tokens=False: a prompt text whose chat template wrote its own BOS."""
+        add_special_tokens=False: a prompt text whose chat template wrote its own BOS.
+        group: the scheduler admits waiting requests round-robin over groups (e.g. the n x
+        prompts of one server request), so one group's fan-out cannot starve the others; by
+        default every request is its own group (admission in arrival order).
+        Touches no engine state, so it may run on another thread than step()."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params is {type(params).__name__}: expected SamplingParams")
@@ -202,7 +211,7 @@ class LLMEngine:
                 raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: "
                                  "expected an integer in [0, 64]")
             k = num_speculative_tokens
-        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0)
+        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0, group)
 
     def enqueue(self, prepared: PreparedRequest) -> str:
         """Queues a request from prepare_request; returns its request id."""
@@ -219,6 +228,7 @@ class LLMEngine:
             uncond_token_ids=prepared.uncond_token_ids, prompt=prepared.prompt,
             logprobs=None if params.logprobs is None else [],
             max_tokens=min(params.max_tokens, self.config.max_model_len - longest),
+            group=prepared.group,
         )
         request.num_speculative_tokens = self._next_k(request)
         self._requests[request_id] = request
@@ -229,6 +239,11 @@ class LLMEngine:
     def _encode(self, name: str, value: object, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text or as token ids."""
         if isinstance(value, str):
+            # A text too long for any tokenization to fit is refused before encoding it (a
+            # 20 MB prompt would take seconds and gigabytes to tokenize only to be refused).
+            if len(value) > self._max_prompt_chars:
+                raise ValueError(f"{name} has {len(value)} characters: at least max_model_len "
+                                 f"({self.config.max_model_len}) tokens, expected fewer")
             ids = self.tokenizer.encode(value, add_special_tokens=add_special_tokens)
             if not ids:
                 raise ValueError(f"{name}={reprlib.repr(value)} encodes to no tokens: expected non-empty text")
@@ -255,15 +270,22 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
-        """Runs one engine step; returns the outputs of requests that changed."""
+        """Runs one engine step; returns the outputs of requests that changed. Never raises
+        for a request's sake: a request whose scheduling, drafting, verification or drafter
+        bookkeeping raises is failed (module docstring)."""
         self._steps += 1
-        plan = self.scheduler.schedule()
+        try:
+            plan = self.scheduler.schedule()
+        except Exception as error:  # outside any one request's planning: nobody can be served
+            logger.exception("scheduling raised; failing every unfinished request")
+            return [self._fail(r, error) for r in [*self.scheduler.running, *self.scheduler.waiting]]
         outputs = [self._output(r, []) for r in plan.failed]
         for request in plan.failed:
             self._forget(request)
         for request in plan.preempted:
-            if self.drafter is not None:
-                self.drafter.release(request.request_id)
+            error = self._release(request.request_id)
+            if error is not None:
+                outputs.append(self._fail(request, error))
         return outputs + self._run(plan.scheduled)
 
     def _run(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
@@ -274,13 +296,17 @@ class LLMEngine:
         try:
             emitted = self._execute(scheduled)
         except Exception as error:
-            if self.drafter is not None:
-                for p in scheduled:
-                    self.drafter.release(p.request.request_id)
-            if len(scheduled) == 1:
+            # A half-run drafter may hold state for tokens it never computed; a request whose
+            # state cannot be dropped cannot be drafted for again.
+            unreleased = {p.request.request_id: e for p in scheduled
+                          if (e := self._release(p.request.request_id)) is not None}
+            failed = [self._fail(p.request, unreleased[p.request.request_id]) for p in scheduled
+                      if p.request.request_id in unreleased]
+            scheduled = [p for p in scheduled if p.request.request_id not in unreleased]
+            if len(scheduled) == 1 and not failed:
                 return [self._fail(scheduled[0].request, error)]
             logger.warning("a batch of %d requests raised; running them one at a time", len(scheduled))
-            return [out for p in scheduled for out in self._run([p])]
+            return failed + [out for p in scheduled for out in self._run([p])]
         outputs = []
         for p, e in zip(scheduled, emitted):
             try:
@@ -389,7 +415,8 @@ class LLMEngine:
         requests = [
             DraftRequest(p.request.request_id, p.request.all_token_ids(), k,
                          p.request.params, p.request.seed, p.request.step,
-                         num_prompt_tokens=len(p.request.prompt_token_ids))
+                         num_prompt_tokens=len(p.request.prompt_token_ids),
+                         batch_invariant=p.request.batch_invariant)
             for p, k in drafting
         ]
         if self.tree is None:
@@ -465,7 +492,8 @@ class LLMEngine:
                                          dtype=torch.int64, device=device)
                 cu = torch.tensor([0, *itertools.accumulate(accepted)], device=device)
             emitted = emitted_logprobs(target, draft_ids, cu, metadata, out, [n is not None for n in asked],
-                                       max(n or 0 for n in asked), uncond)
+                                       max(n or 0 for n in asked), uncond,
+                                       adjusted=out.adjusted if self.tree is None else None)
             records = token_logprobs(emitted, tokens, [n or 0 for n in asked])
         return [_Verified(t, path, r) for t, path, r in zip(tokens, paths, records)]
 
@@ -507,9 +535,20 @@ class LLMEngine:
         self.scheduler.finish(request, reason, error)
         self._forget(request)
 
+    def _release(self, request_id: str) -> Exception | None:
+        """Drops the drafter's state of a request; returns what release raised (logged), so that
+        a drafter's bookkeeping failing fails that request, not the step."""
+        if self.drafter is None:
+            return None
+        try:
+            self.drafter.release(request_id)
+        except Exception as error:
+            logger.warning("the drafter's release of %s raised", request_id, exc_info=error)
+            return error
+        return None
+
     def _forget(self, request: Request) -> None:
-        if self.drafter is not None:
-            self.drafter.release(request.request_id)
+        self._release(request.request_id)  # the request is over either way
         if self.adaptive is not None:
             self.adaptive.release(request.request_id)
         self._requests.pop(request.request_id, None)

@@ -55,6 +55,7 @@ class Request:
     uncond_token_ids: list[int] | None = None  # CFG companion prefix; None without CFG
     prompt: str | None = None
     max_tokens: int | None = None  # the effective cap (module docstring); None: params.max_tokens
+    group: str | None = None  # admission fairness (Scheduler); None: the request is its own group
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # aligned with output_token_ids when params.logprobs is set
     text: str = ""

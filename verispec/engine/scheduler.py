@@ -4,8 +4,12 @@ Plain Python over the BlockManager. Each step:
 1. running requests, oldest first, get their pending tokens (+ K draft slots when they sample);
    when the cache is full, the newest running request is preempted (its blocks freed, to be
    recomputed later) rather than failing anyone;
-2. waiting requests are admitted in arrival order while the token budget, the sequence limit
-   and the cache allow, unless this step had to preempt (admitting would only thrash).
+2. waiting requests are admitted while the token budget, the sequence limit and the cache
+   allow, unless this step had to preempt (admitting would only thrash). Admission is fair
+   across groups (Request.group, e.g. one server request's n x prompts): the next admitted is
+   the oldest waiting request of the group with the fewest running requests, so a request that
+   fans out into thousands of sequences takes turns with later ones instead of queueing them
+   all behind it. Requests without a group are each their own: admission in arrival order.
 A prompt longer than the remaining budget is prefilled in chunks. A chunk never completes a
 sequence unless the request samples in that step, so the row of its last pending token is
 always fed together with its drafts. A CFG request's two sequences move as one unit: their
@@ -23,12 +27,15 @@ oldest first), so it waits at most until they finish.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import EngineConfig
 from .kv_cache import BlockManager
 from .request import FinishReason, Request, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,47 +91,97 @@ class Scheduler:
         request.error = error
 
     def schedule(self) -> SchedulerOutput:
+        """The next step's plan. A request whose planning raises is finished with
+        FinishReason.ERROR (blocks freed) and listed in `failed`; the others are planned as usual."""
         out = SchedulerOutput([], [], [])
         budget = self.config.max_num_batched_tokens
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING or budget == 0:
                 continue
-            plan = self._plan(request, budget)
-            if plan is None:
+            try:
+                plan = self._schedule_running(request, budget, out)
+            except Exception as error:
+                self._fail(request, error, out)
                 continue
-            while not self._fits(request, plan):
-                victim = self.running[-1]
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status is RequestStatus.RUNNING:
-                self._reserve(request, plan)
+            if plan is not None:
                 out.scheduled.append(plan)
                 budget -= self._cost(plan)
         while (
             self.waiting and budget > 0 and not out.preempted
             and len(self.running) < self.config.max_num_seqs
         ):
-            request = self.waiting[0]
-            problem = self._never_fits(request)
+            request = self._next_waiting()
+            try:
+                problem = self._never_fits(request)
+                plan = self._admit(request, budget) if problem is None else None
+            except Exception as error:
+                self._fail(request, error, out)
+                continue
             if problem is not None:
                 self.finish(request, FinishReason.ERROR, problem)
                 out.failed.append(request)
                 continue
-            plan = self._plan(request, budget)
-            if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
-                    or not self._fits(request, plan):
+            if plan is None:
                 break
-            self.waiting.popleft()
-            for seq in request.seqs:
-                self.blocks.allocate(seq.seq_id, 0)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self._reserve(request, plan)
             out.scheduled.append(plan)
             budget -= self._cost(plan)
         return out
+
+    def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
+        """A running request's share of the step, preempting the newest requests (itself last)
+        while the cache cannot hold it; None when it does not move this step."""
+        plan = self._plan(request, budget)
+        if plan is None:
+            return None
+        while not self._fits(request, plan):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return None
+        self._reserve(request, plan)
+        return plan
+
+    def _admit(self, request: Request, budget: int) -> ScheduledRequest | None:
+        """Moves a waiting request to running with its share of the step; None when it does not
+        fit (then nothing later is admitted either: skipping it could starve a large request)."""
+        plan = self._plan(request, budget)
+        if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
+                or not self._fits(request, plan):
+            return None
+        self.waiting.remove(request)
+        for seq in request.seqs:
+            self.blocks.allocate(seq.seq_id, 0)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._reserve(request, plan)
+        return plan
+
+    def _fail(self, request: Request, error: Exception, out: SchedulerOutput) -> None:
+        logger.warning("scheduling request %s raised; failing it", request.request_id, exc_info=error)
+        self.finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+        out.failed.append(request)
+
+    def _next_waiting(self) -> Request:
+        """The oldest waiting request of the group with the fewest running requests (waiting is
+        in arrival order, preempted requests back in their place)."""
+        running: dict[str, int] = {}
+        for r in self.running:
+            running[_group(r)] = running.get(_group(r), 0) + 1
+        best = self.waiting[0]
+        best_count = running.get(_group(best), 0)
+        seen = set()
+        for r in self.waiting:
+            if best_count == 0:
+                break  # nothing beats an idle group, and older requests come first
+            group = _group(r)
+            if group in seen:
+                continue
+            seen.add(group)
+            count = running.get(group, 0)
+            if count < best_count:
+                best, best_count = r, count
+        return best
 
     def commit(self, planned: ScheduledRequest, num_accepted: int) -> None:
         """After the step: the fed tokens and the accepted drafts stay in the cache, the slots of
@@ -197,3 +254,7 @@ class Scheduler:
         # Back to the front of the queue, ahead of requests that arrived after it.
         index = next((i for i, r in enumerate(self.waiting) if r.arrival > request.arrival), len(self.waiting))
         self.waiting.insert(index, request)
+
+
+def _group(request: Request) -> str:
+    return request.request_id if request.group is None else request.group

@@ -1,1 +1,1 @@
-"""Draft heads trained for the embedded model: files only (docs/benchmarks.md says how)."""
+"""Draft heads trained for the embedded model: files only (docs/drafter-training.md says how)."""

@@ -6,6 +6,7 @@ tokenizers), built from a tokenizer.json or from a GGUF vocabulary (see gguf_voc
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -94,6 +95,12 @@ class Tokenizer:
             config["chat_template"] = self.chat_template
         (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n",
                                                          encoding="utf-8")
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Characters of the vocabulary's longest token string (byte-level and byte-fallback
+        spellings are never shorter than the text they stand for)."""
+        return max((len(token) for token in self.backend.get_vocab(with_added_tokens=True)), default=1)
 
     @property
     def vocab_size(self) -> int:

@@ -31,7 +31,7 @@ import torch
 
 from .metadata import SamplingMetadata
 from .processors import process_logits
-from .rejection import _Layout, _layout, emitted_output, leading_run, sample_inverse_cdf
+from .ragged import Layout, emitted_output, layout, leading_run, sample_inverse_cdf
 from .rng import ACCEPT, SAMPLE, uniform
 from .types import Draft, DraftLogits, DraftProbs, RejectionOutput
 
@@ -49,7 +49,7 @@ def verify_block(
     output as rejection_sample's native backend."""
     num_rows, vocab = target_logits.shape
     device = target_logits.device
-    lay = _layout(cu_num_draft_tokens, num_rows, device)
+    lay = layout(cu_num_draft_tokens, num_rows, device)
     batch = lay.num_draft.shape[0]
     target = process_logits(target_logits, lay.req_of_row, sampling, uncond_logits)  # [N, V]
     row_argmax = target.max(dim=-1).indices
@@ -89,7 +89,7 @@ def _last_passed(
     return (passed.to(torch.int64) * positions).amax(dim=1)
 
 
-def _draft_probs(draft: Draft, lay: _Layout, sampling: SamplingMetadata) -> torch.Tensor | None:  # [D, V]
+def _draft_probs(draft: Draft, lay: Layout, sampling: SamplingMetadata) -> torch.Tensor | None:  # [D, V]
     if isinstance(draft, DraftLogits):
         return process_logits(draft.logits, lay.req_of_draft, sampling).softmax(dim=-1)
     if isinstance(draft, DraftProbs):
@@ -101,7 +101,7 @@ def _weights(
     p: torch.Tensor,  # [N, V] target probabilities
     q: torch.Tensor | None,  # [D, V] draft probabilities, None for one-hot drafts
     ids: torch.Tensor,  # [D] clamped draft ids
-    lay: _Layout,
+    lay: Layout,
     batch: int,
     max_k: int,
 ) -> torch.Tensor:  # [B, max_k + 1] float64: w_0..w_K per request (1 after its block)
@@ -120,7 +120,7 @@ def _stop_probs(
     q: torch.Tensor | None,  # [D, V]
     ids: torch.Tensor,  # [D]
     w: torch.Tensor,  # [B, max_k + 1] float64
-    lay: _Layout,
+    lay: Layout,
     block_len: torch.Tensor,  # [B]
     max_k: int,
 ) -> torch.Tensor:  # [B, max_k + 1] float64: h_i at column i (column 0 unused)
@@ -150,7 +150,7 @@ def _sample_final(
     w: torch.Tensor,  # [B, max_k + 1] float64
     tau: torch.Tensor,  # [B] int64
     block_len: torch.Tensor,  # [B]
-    lay: _Layout,
+    lay: Layout,
     sampling: SamplingMetadata,
 ) -> torch.Tensor:  # [B] int64
     batch = tau.shape[0]

@@ -20,7 +20,7 @@ import torch
 from .metadata import SamplingMetadata
 from .processors import process_logits
 from .rejection import adjust_rows
-from .types import RejectionOutput
+from .types import AdjustedRows, RejectionOutput
 
 
 class EmittedLogprobs(NamedTuple):
@@ -41,9 +41,12 @@ def emitted_logprobs(
     wanted: list[bool],  # per request: whether it asked for log-probabilities
     num_top: int,  # n, the alternatives per row (at most SamplingParams' 20)
     uncond_logits: torch.Tensor | None = None,  # [num_draft_tokens + B, V] CFG rows, or None
+    adjusted: AdjustedRows | None = None,  # out.adjusted, when `out` is rejection_sample's for these rows
 ) -> EmittedLogprobs:
     device = target_logits.device
-    if sampling.adjustments is not None:
+    if adjusted is not None:  # the verifier already ran the pre-stage on these very rows
+        target_logits, sampling = adjusted.target_logits, adjusted.sampling
+    elif sampling.adjustments is not None:
         # Penalties see each row's own history (the accepted drafts before it), as in the verifier.
         target_logits, _, sampling = adjust_rows(
             target_logits, draft_token_ids, cu_num_draft_tokens, sampling, None, uncond_logits,

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import os
 from types import ModuleType
-from typing import NamedTuple
 
 import torch
 
@@ -38,7 +37,9 @@ from .metadata import SamplingMetadata
 from .penalties import PrecedingTokens, preceding_drafts
 from .processors import guide_and_adjust, process_logits
 from .rng import ACCEPT, SAMPLE, uniform
-from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs, RejectionOutput
+from . import block
+from .ragged import Layout, emitted_output, layout, leading_run, sample_inverse_cdf
+from .types import AdjustedRows, Draft, DraftLogits, DraftProbs, RejectionOutput
 
 BACKENDS = ("native", "triton")
 VERIFICATIONS = ("token", "block")
@@ -71,28 +72,31 @@ def rejection_sample(
     if verification not in VERIFICATIONS:
         raise ValueError(f"verification={verification!r} is invalid: expected one of {VERIFICATIONS}")
     if validate:
-        max_num_draft_tokens = _validate(
+        max_num_draft_tokens = check_inputs(
             target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits
         )
     elif max_num_draft_tokens is None:
         max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max())
+    adjusted = None
     if sampling.adjustments is not None:
         target_logits, draft, sampling = adjust_rows(
             target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
             max_num_draft_tokens,
         )
+        adjusted = AdjustedRows(target_logits, sampling)
     if verification == "block":
         if backend is not None:
             _check_backend("backend", backend)
-        verify = _block().verify_block
+        verify = block.verify_block
     elif _backend(backend, target_logits) == "native":
         verify = _native
     else:
         verify = _kernels().rejection_sample_triton
-    return verify(
+    out = verify(
         target_logits, draft_token_ids, cu_num_draft_tokens, sampling, draft, uncond_logits,
         max_num_draft_tokens,
     )
+    return out if adjusted is None else dataclasses.replace(out, adjusted=adjusted)
 
 
 def adjust_rows(
@@ -109,7 +113,7 @@ def adjust_rows(
     history output + x_1..x_j (the drafts before its prediction), and so is the DraftLogits row
     that proposed x_{j+1}."""
     num_rows, vocab = target_logits.shape
-    lay = _layout(cu_num_draft_tokens, num_rows, target_logits.device)
+    lay = layout(cu_num_draft_tokens, num_rows, target_logits.device)
     ids = draft_token_ids.to(torch.int64).clamp(0, vocab - 1)
     later = lay.num_draft[lay.req_of_draft] - lay.pos_of_draft  # [D] target rows after each draft
     before_target = preceding_drafts(ids, lay.row_of_draft + 1, later, max_k)
@@ -229,13 +233,6 @@ def _kernels() -> ModuleType:
     return kernels
 
 
-def _block() -> ModuleType:
-    """verispec.sample.block, imported on first use: it builds on this module."""
-    from . import block
-
-    return block
-
-
 def _validate_probs(
     draft_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -283,7 +280,7 @@ def _native_probs(
     )
 
 
-def _validate(
+def check_inputs(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -331,35 +328,6 @@ def _validate(
     return max(counts, default=0)
 
 
-class _Layout(NamedTuple):
-    """Index bookkeeping of a ragged batch, all on the device."""
-
-    num_draft: torch.Tensor  # [B] K_b
-    draft_start: torch.Tensor  # [B] first draft index of each request
-    req_of_row: torch.Tensor  # [N] request of each target row
-    req_of_draft: torch.Tensor  # [D] request of each draft token
-    pos_of_draft: torch.Tensor  # [D] position of each draft token within its request
-    row_of_draft: torch.Tensor  # [D] target row of each draft token
-
-
-def _layout(cu: torch.Tensor, num_rows: int, device: torch.device) -> _Layout:
-    cu = cu.to(device=device, dtype=torch.int64)
-    batch = cu.shape[0] - 1
-    num_draft = cu[1:] - cu[:-1]
-    requests = torch.arange(batch, device=device)
-    req_of_row = torch.repeat_interleave(requests, num_draft + 1, output_size=num_rows)
-    req_of_draft = torch.repeat_interleave(requests, num_draft, output_size=num_rows - batch)
-    draft_index = torch.arange(num_rows - batch, device=device)
-    return _Layout(
-        num_draft=num_draft,
-        draft_start=cu[:-1],
-        req_of_row=req_of_row,
-        req_of_draft=req_of_draft,
-        pos_of_draft=draft_index - cu[:-1][req_of_draft],
-        row_of_draft=draft_index + req_of_draft,
-    )
-
-
 def _native(
     target_logits: torch.Tensor,  # [N, V]
     draft_token_ids: torch.Tensor,  # [D]
@@ -371,7 +339,7 @@ def _native(
 ) -> RejectionOutput:
     num_rows, vocab = target_logits.shape
     device = target_logits.device
-    lay = _layout(cu_num_draft_tokens, num_rows, device)
+    lay = layout(cu_num_draft_tokens, num_rows, device)
     target = process_logits(target_logits, lay.req_of_row, sampling, uncond_logits)  # [N, V]
     row_argmax = target.max(dim=-1).indices
 
@@ -411,36 +379,9 @@ def _native(
     return emitted_output(ids, lay, num_accepted, final_token, max_k)
 
 
-def leading_run(
-    ok: torch.Tensor,  # [D] bool per draft
-    lay: _Layout,
-    max_k: int,
-) -> torch.Tensor:  # [B] int64: how many of each request's first drafts are ok
-    grid = torch.zeros(lay.num_draft.shape[0], max_k, dtype=torch.bool, device=ok.device)
-    grid[lay.req_of_draft, lay.pos_of_draft] = ok
-    return grid.to(torch.int64).cumprod(dim=1).sum(dim=1)
-
-
-def emitted_output(
-    ids: torch.Tensor,  # [D] draft ids
-    lay: _Layout,
-    num_accepted: torch.Tensor,  # [B]
-    final_token: torch.Tensor,  # [B] the recovered or bonus token
-    max_k: int,
-) -> RejectionOutput:
-    """Each request's accepted drafts, then its final token, then placeholders."""
-    drafts = torch.full((num_accepted.shape[0], max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
-                        device=ids.device)
-    drafts[lay.req_of_draft, lay.pos_of_draft] = ids
-    slot = torch.arange(max_k + 1, device=ids.device)[None, :]
-    n = num_accepted[:, None]
-    token_ids = torch.where(slot < n, drafts, torch.where(slot == n, final_token[:, None], PLACEHOLDER_TOKEN_ID))
-    return RejectionOutput(token_ids, num_accepted + 1, num_accepted)
-
-
 def _sample_final(
     final_rows: torch.Tensor,  # [B, V] processed target logits at each request's final row
-    lay: _Layout,
+    lay: Layout,
     num_accepted: torch.Tensor,  # [B]
     ids: torch.Tensor,  # [D] clamped draft ids
     draft: Draft,
@@ -472,18 +413,3 @@ def _sample_final(
         weights = p
     u = uniform(sampling.keys, num_accepted, SAMPLE)
     return sample_inverse_cdf(weights, u)
-
-
-def sample_inverse_cdf(
-    weights: torch.Tensor,  # [B, V] non-negative, unnormalised
-    u: torch.Tensor,  # [B] float64 uniform in (0, 1)
-) -> torch.Tensor:  # [B] int64
-    """One draw per row from weights / sum(weights), using one uniform per row.
-
-    The running sum is float64, so rounding cannot favour or starve a token measurably; a token
-    with zero weight is never chosen (searchsorted finds a strictly increasing step).
-    """
-    cdf = weights.double().cumsum(dim=-1)
-    target = u * cdf[:, -1]
-    index = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
-    return index.clamp(max=weights.shape[-1] - 1)

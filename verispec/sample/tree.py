@@ -72,7 +72,8 @@ from . import validation as check
 from .metadata import SamplingMetadata
 from .penalties import PrecedingTokens
 from .processors import process_logits
-from .rejection import _layout, _validate, adjust_with_history, sample_inverse_cdf
+from .ragged import layout, sample_inverse_cdf
+from .rejection import adjust_with_history, check_inputs
 from .rng import ACCEPT, SAMPLE, uniform
 from .types import PLACEHOLDER_TOKEN_ID, Draft, DraftLogits, DraftProbs
 
@@ -100,7 +101,7 @@ def verify_tree(
     docstring). The emitted tokens are distributed exactly as sampling token by token from the
     target, whatever the drafts. `validate` checks values too (reads the tensors)."""
     if validate:
-        _validate(target_logits, node_token_ids, cu_num_nodes, sampling, draft, uncond_logits,
+        check_inputs(target_logits, node_token_ids, cu_num_nodes, sampling, draft, uncond_logits,
                   ids_name="node_token_ids", cu_name="cu_num_nodes")
         _validate_tree(node_token_ids, node_parents, cu_num_nodes, replacement, sampling.batch_size)
     device = target_logits.device
@@ -144,7 +145,7 @@ def _structure(
     vocab: int,
 ) -> _Tree:
     device = node_token_ids.device
-    lay = _layout(cu_num_nodes, num_rows, device)
+    lay = layout(cu_num_nodes, num_rows, device)
     num_nodes = lay.req_of_draft.shape[0]
     parents = node_parents.to(device=device, dtype=torch.int64)
     parent_global = torch.where(parents >= 0, parents + lay.draft_start[lay.req_of_draft], -1)
@@ -362,7 +363,7 @@ def _validate_tree(
     replacement: object,
     batch: int,
 ) -> None:
-    """What _validate does not cover: the parents (before each node, in its request) and
+    """What rejection.check_inputs does not cover: the parents (before each node, in its request) and
     `replacement`."""
     device = node_token_ids.device
     check.check_tensor("node_parents", node_parents, 1, integer=True, device=device)

@@ -3,9 +3,11 @@
 POST /v1/completions, POST /v1/chat/completions (stream: true gives server-sent events
 `data: {...}` ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics.
 
-A request's n samples (and, for completions, its prompts) are queued together and share engine
-steps with every other request in flight. A client that disconnects has its requests aborted
-before the next engine step, which frees their KV blocks.
+A request's n samples (and, for completions, its prompts) are queued together, at most
+ServeLimits.max_choices of them, and share engine steps with every other request in flight; the
+scheduler admits them as one group, taking turns with other requests. A client that disconnects
+has its requests aborted before the next engine step, which frees their KV blocks. Bodies over
+ServeLimits.max_request_bytes are refused before they are parsed (limits.py).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..config import ServeLimits
 from ..engine.engine import RequestOutput
 from ..engine.llm import LLM
 from ..spec_decode.metrics import SpecDecodeStats
 from .async_engine import AsyncEngine, EngineStepError, Submission
-from .errors import APIError, install_error_handlers
+from .errors import APIError, echo, install_error_handlers
+from .limits import BodyLimit
 from .metrics import ServeMetrics
 from .protocol import DEFAULT_COMPLETION_TOKENS, ChatRequest, CompletionRequest, invalid, sampling_params
 from .responses import Formatter, usage
@@ -31,7 +35,7 @@ from .responses import Formatter, usage
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
-def build_app(llm: LLM, model_name: str) -> FastAPI:
+def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) -> FastAPI:
     metrics = ServeMetrics(llm.engine)
     engine = AsyncEngine(llm.engine, metrics)
 
@@ -46,20 +50,26 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
+    app.add_middleware(BodyLimit, limits=limits)
     install_error_handlers(app)
 
     def submissions(body: CompletionRequest | ChatRequest, prompts: list[str | list[int]], chat: bool,
                     request_id: str) -> list[Submission]:
         if body.model != model_name:
-            raise APIError(f"model={body.model!r} is not served here: expected {model_name!r}", "model",
-                           code="model_not_found")
+            raise APIError(f"model={echo(body.model)} does not exist here: this server serves {model_name!r}",
+                           "model", status=404, code="model_not_found")
         if body.n < 1:
             raise APIError(f"n={body.n} is invalid: expected an integer >= 1", "n")
+        if body.n * len(prompts) > limits.max_choices:
+            many = f"n={body.n}" if len(prompts) == 1 else f"n={body.n} x {len(prompts)} prompts"
+            raise APIError(f"{many} asks for {body.n * len(prompts)} sequences: this server allows at most "
+                           f"{limits.max_choices} per request (`verispec serve --max-choices`)", "n")
         default_max = llm.engine.config.max_model_len if chat else DEFAULT_COMPLETION_TOKENS
         params = [sampling_params(body, i, default_max) for i in range(body.n)]
         name = "messages" if chat else "prompt"
         return [Submission(f"{request_id}-{p}-{i}", prompt, params[i], body.num_speculative_tokens,
-                           name=name if len(prompts) == 1 else f"{name}[{p}]", add_special_tokens=not chat)
+                           name=name if len(prompts) == 1 else f"{name}[{p}]", add_special_tokens=not chat,
+                           group=request_id)
                 for p, prompt in enumerate(prompts) for i in range(body.n)]
 
     async def respond(http: Request, body: CompletionRequest | ChatRequest,
@@ -105,8 +115,9 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         if not body.messages:
             raise APIError("messages is empty: expected at least one message", "messages")
         try:
-            prompt = llm.tokenizer.apply_chat_template([m.as_dict() for m in body.messages],
-                                                       add_generation_prompt=True)
+            # Off the event loop: rendering is bounded (chat_template.py) but not free.
+            prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template,
+                                             [m.as_dict() for m in body.messages], add_generation_prompt=True)
         except Exception as error:  # a template's own error (raise_exception, bad roles)
             raise APIError(f"messages could not be rendered by the chat template: {error}", "messages") from None
         return await respond(http, body, [prompt], chat=True)
@@ -117,8 +128,16 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
             {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "verispec"}]}
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        """200 while the engine thread serves; 503 when it is gone, or has been inside one step
+        (or command) for ServeLimits.stall_s with work queued: a wedged engine answers nothing."""
+        stalled = engine.stalled_for()
+        work = llm.engine.has_unfinished()
+        wedged = not engine.alive or (work and stalled >= limits.stall_s)
+        body = {"status": "unhealthy" if wedged else "ok", "engine_alive": engine.alive,
+                "engine_busy_s": round(stalled, 3), "requests_running": len(llm.engine.scheduler.running),
+                "requests_waiting": len(llm.engine.scheduler.waiting)}
+        return JSONResponse(body, status_code=503 if wedged else 200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

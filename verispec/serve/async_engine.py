@@ -7,6 +7,13 @@ every command waiting, so all requests in flight share each step (continuous bat
 abort lands before the next step, which frees the request's KV blocks (CFG companion and
 drafter state included).
 
+Requests are validated and tokenized on a worker thread (LLMEngine.prepare_request touches no
+engine state), so a long prompt does not hold up the steps of everyone else; the engine thread
+only queues them.
+
+Liveness: the thread notes when it began its current step or command; `stalled_for()` is how
+long that has been (0 when it is waiting for work), which /health reports.
+
 Failures: a bad request (prepare_request's ValueError / TypeError) is raised to its caller and
 queues nothing. A request that fails inside a step comes back as an output with
 finish_reason "error" (the engine isolates it). If step() itself raises, every request in
@@ -23,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from ..engine.engine import LLMEngine, RequestOutput
+from ..engine.engine import LLMEngine, PreparedRequest, RequestOutput
 from ..sampling_params import SamplingParams
 from .metrics import ServeMetrics
 
@@ -44,6 +51,7 @@ class Submission:
     num_speculative_tokens: int | None = None
     name: str = "prompt"  # what the prompt is called in error messages
     add_special_tokens: bool = True
+    group: str | None = None  # admitted fairly against other groups (LLMEngine.prepare_request)
 
 
 @dataclass
@@ -68,6 +76,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
         self._thread: threading.Thread | None = None
+        self._busy_since: float | None = None  # monotonic start of the current step / command
 
     def start(self) -> None:
         if self._thread is None:
@@ -80,6 +89,15 @@ class AsyncEngine:
             self._thread.join()
             self._thread = None
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stalled_for(self) -> float:
+        """Seconds the engine thread has spent in its current step or command; 0 when idle."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
     async def generate(self, submissions: list[Submission]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Queues the requests together (all or, if one is bad, none: its ValueError /
         TypeError is raised) and yields (index in `submissions`, output) as the engine makes
@@ -88,12 +106,10 @@ class AsyncEngine:
         outputs: asyncio.Queue = asyncio.Queue()
         queued: asyncio.Future = loop.create_future()
         unfinished = {s.request_id for s in submissions}
+        prepared = await asyncio.to_thread(self._prepare, submissions)
 
         def add() -> None:
             try:
-                prepared = [self.engine.prepare_request(s.prompt, s.params, s.request_id, s.num_speculative_tokens,
-                                                        name=s.name, add_special_tokens=s.add_special_tokens)
-                            for s in submissions]
                 for i, p in enumerate(prepared):
                     self.engine.enqueue(p)
                     self._sinks[p.request_id] = _Sink(loop, outputs, i)
@@ -118,6 +134,11 @@ class AsyncEngine:
             if unfinished:
                 self._commands.put(lambda: self._abort(unfinished))
 
+    def _prepare(self, submissions: list[Submission]) -> list[PreparedRequest]:
+        return [self.engine.prepare_request(s.prompt, s.params, s.request_id, s.num_speculative_tokens,
+                                            name=s.name, add_special_tokens=s.add_special_tokens, group=s.group)
+                for s in submissions]
+
     def _abort(self, request_ids: set[str]) -> None:
         for rid in request_ids:
             self._sinks.pop(rid, None)
@@ -135,13 +156,16 @@ class AsyncEngine:
             while command is not False:
                 if command is None:
                     return
+                self._busy_since = time.monotonic()
                 command()
                 try:
                     command = self._commands.get_nowait()
                 except queue.Empty:
                     command = False
             if self.engine.has_unfinished():
+                self._busy_since = time.monotonic()
                 self._step()
+            self._busy_since = None
 
     def _step(self) -> None:
         try:

@@ -3,7 +3,8 @@ into SamplingParams.
 
 Fields follow OpenAI's API; top_k, min_p, repetition_penalty, guidance_scale, negative_prompt,
 num_speculative_tokens and ignore_eos are extensions (the `extra_body` of OpenAI's client).
-Unknown fields are ignored, as OpenAI's own server ignores fields it does not use.
+Unknown fields are ignored, as OpenAI's own server ignores fields it does not use. Types are
+strict, as OpenAI's: a string is not a number or a boolean (`"n": "2"` is a 400 naming n).
 """
 
 from __future__ import annotations
@@ -14,20 +15,26 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..sampling_params import SamplingParams
-from .errors import APIError
+from .errors import APIError, echo
 
 # OpenAI's default for /v1/completions; chat completions default to the rest of the context.
 DEFAULT_COMPLETION_TOKENS = 16
 
 
+# strict: no coercion from strings ("2" -> 2, "yes" -> True); an int still passes as a float.
+_STRICT = ConfigDict(extra="ignore", strict=True)
+
+
 class StreamOptions(BaseModel):
+    model_config = _STRICT
+
     include_usage: bool = False
 
 
 class SamplingRequest(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
 
     model: str
     max_tokens: int | None = None
@@ -69,12 +76,14 @@ class CompletionRequest(SamplingRequest):
 
 
 class TextPart(BaseModel):
+    model_config = _STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
 
     role: str
     content: str | list[TextPart] | None = None
@@ -112,7 +121,7 @@ def sampling_params(request: CompletionRequest | ChatRequest, index: int, defaul
         try:
             bias = {int(token): value for token, value in request.logit_bias.items()}
         except ValueError:
-            raise APIError(f"logit_bias={request.logit_bias!r} is invalid: expected token ids (integer strings) "
+            raise APIError(f"logit_bias={echo(request.logit_bias)} is invalid: expected token ids (integer strings) "
                            "as keys", "logit_bias") from None
     given = dict(
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,

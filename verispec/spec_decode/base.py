@@ -29,6 +29,9 @@ class DraftRequest:
         frequency / presence penalties count (the repetition penalty counts both). A drafter
         that samples with the request's pipeline penalises each draft position with the output
         followed by its own drafts before that position, as the verifier does.
+    batch_invariant: its tokens must not depend on the rest of the batch (a seeded sampled
+        request), so neither may its drafts: a drafter with a shared, bounded resource (a
+        draft model's cache) serves it before the others.
     """
 
     request_id: str
@@ -38,6 +41,7 @@ class DraftRequest:
     seed: int
     step: int
     num_prompt_tokens: int = 0
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_prompt_tokens <= len(self.token_ids):

@@ -6,6 +6,13 @@ current tokens (keep-and-rollback: rejected drafts are truncated, the accepted p
 nothing is rebuilt), feeds the rest, then drafts K tokens one forward pass at a time, batched
 over requests, each sampled from q as spec_decode/draft_sampling.py describes; q is handed to the
 verifier, so the output is exact.
+
+A request's cache slots for the whole step (its new tokens and its K - 1 fed drafts) are
+reserved before drafting, so it drafts all K or, when the cache has no room, none. Batch-
+invariant requests (DraftRequest.batch_invariant) are served first and may evict the cache of
+any other request (which only costs that request a re-prefill, since the cache is a cache): so
+whether they draft does not depend on what else is in the batch, as long as the batch's
+batch-invariant requests fit the cache together.
 """
 
 from __future__ import annotations
@@ -52,7 +59,11 @@ class DraftModelDrafter(Drafter):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
-        active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0 and self._sync(r)]
+        protected = {r.request_id for r in requests if r.batch_invariant}
+        # Batch-invariant requests first, so that the others get only what they leave.
+        order = sorted(range(len(requests)), key=lambda i: not requests[i].batch_invariant)
+        synced = {i for i in order if requests[i].num_draft_tokens > 0 and self._sync(requests[i], protected)}
+        active = sorted(synced)
         pending = {i: list(requests[i].token_ids[len(self._cached[requests[i].request_id]) :]) for i in active}
         sampling = None
         if active:
@@ -71,25 +82,23 @@ class DraftModelDrafter(Drafter):
             for i, token, q in zip(active, tokens, probs):
                 drafts[i].append(token)
                 rows[i].append(q)
-                # The next round feeds this draft token; the last round's draft is never fed.
-                rid = requests[i].request_id
-                if requests[i].num_draft_tokens > position and self.blocks.can_append(rid, 1):
-                    self.blocks.append(rid, 1)
+                # The next round feeds this draft token (its slot reserved by _sync); the last
+                # round's draft is never fed.
+                if requests[i].num_draft_tokens > position:
                     pending[i] = [token]
                     still.append(i)
             active = still
         flat = [q for per_request in rows for q in per_request]
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
 
-    def _sync(self, request: DraftRequest) -> bool:
-        """Rolls the cache back to the shared prefix and reserves slots for the new tokens;
-        False (and no cache kept) when the draft cache has no room: the request then gets no
-        drafts this step, which costs speed, never exactness."""
+    def _sync(self, request: DraftRequest, protected: set[str]) -> bool:
+        """Rolls the cache back to the shared prefix and reserves slots for the new tokens and
+        the K - 1 drafts fed after them; False (and no cache kept) when the draft cache has no
+        room: the request then gets no drafts this step, which costs speed, never exactness. A
+        batch-invariant request first evicts the caches of requests not in `protected`."""
         rid, tokens = request.request_id, request.token_ids
         cached = self._cached.get(rid)
         if cached is None:
-            if not self.blocks.can_allocate(rid, 0):
-                return False
             self.blocks.allocate(rid, 0)
             cached = self._cached[rid] = []
         keep = 0
@@ -98,8 +107,14 @@ class DraftModelDrafter(Drafter):
             keep += 1
         self.blocks.truncate(rid, len(cached) - keep)
         del cached[keep:]
-        if not self.blocks.can_append(rid, len(tokens) - keep):
+        needed = len(tokens) - keep + request.num_draft_tokens - 1
+        if request.batch_invariant:
+            for other in [o for o in self._cached if o not in protected]:
+                if self.blocks.can_append(rid, needed):
+                    break
+                self.release(other)
+        if not self.blocks.can_append(rid, needed):
             self.release(rid)
             return False
-        self.blocks.append(rid, len(tokens) - keep)
+        self.blocks.append(rid, needed)
         return True

@@ -19,7 +19,7 @@ import torch
 from ..sample import SamplingMetadata
 from ..sample.penalties import PrecedingTokens
 from ..sample.processors import process_logits
-from ..sample.rejection import sample_inverse_cdf
+from ..sample.ragged import sample_inverse_cdf
 from ..sample.rng import DRAFT, uniform
 from .base import DraftRequest
 from .trees import Children, Expand, GrownTree, Pick, TreeBatch, TreeShape, grow_trees, top_children

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..files import atomic_path
 from ..model import AttentionMetadata, LlamaModel, ModelConfig
 from ..model.attention import AttentionPlan
 from ..model.linear import Linear
@@ -44,7 +45,7 @@ from ..model.rotary import RotaryEmbedding
 
 KINDS = ("eagle", "medusa")
 METADATA_KEY = "verispec.head"
-# Heads trained for the embedded SmolLM2-135M-Instruct, shipped in the package (docs/benchmarks.md).
+# Heads trained for the embedded SmolLM2-135M-Instruct, shipped in the package (docs/drafter-training.md).
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "heads"
 
 
@@ -287,18 +288,22 @@ def save_head(head: Head, path: str | os.PathLike[str], dtype: torch.dtype = tor
 
     tensors = {name: t.to("cpu", dtype).contiguous() for name, t in head.own_state().items()}
     tensors["draft_vocab"] = head.draft_vocab.cpu()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata={METADATA_KEY: json.dumps(dataclasses.asdict(head.config))})
+    with atomic_path(path) as partial:
+        save_file(tensors, str(partial), metadata={METADATA_KEY: json.dumps(dataclasses.asdict(head.config))})
 
 
 def _read(path: str | os.PathLike[str]) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     source = f"draft head file {str(path)!r}"
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = (f.metadata() or {}).get(METADATA_KEY)
             tensors = {name: f.get_tensor(name) for name in f.keys()}
+    # A damaged file (cut short, empty, random bytes, an absurd header length, offsets past its
+    # end) is a SafetensorError, which derives from Exception alone.
+    except SafetensorError as error:
+        raise ValueError(f"{source} is not a valid safetensors file: {error}") from None
     except (OSError, ValueError, RuntimeError) as error:
         raise ValueError(f"{source} cannot be read: {error}") from None
     if meta is None or "draft_vocab" not in tensors:

@@ -8,7 +8,8 @@ Everything slow is cached under the cache directory: recordings in shards of SHA
 each keyed by the model, max_tokens, seed and its own prompts (an interrupted run records only
 the missing shards, and a run on more prompts reuses the shards of the prompts it shares), and
 training checkpoints keyed by the data and head settings (trainer.py), so running the same
-command again resumes.
+command again resumes. Every cache file is written to a temporary name and renamed, and a
+recording that does not load (cut short, garbled) is recorded again, with a warning.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..config import CacheConfig, EngineConfig, SpeculativeConfig
 from ..engine.engine import LLMEngine
+from ..files import atomic_path, check_writable
 from ..model import LlamaModel, Tokenizer, load_model
 from ..model.loader import cache_dir
 from ..sampling_params import SamplingParams
@@ -55,10 +59,39 @@ def run(args: argparse.Namespace) -> int:
     if args.init and (args.fused or args.intermediate_size is not None or args.draft_vocab is not None):
         raise ValueError("--fused, --intermediate-size and --draft-vocab shape a new head: with --init "
                          "the head file gives them")
+    if args.max_prompts is not None:
+        _positive("max-prompts", args.max_prompts)
     started = time.monotonic()
+    out = Path(args.out or f"{args.kind}-head.safetensors")
+    check_writable(out, "--out")  # before the recording and training, which can take hours
     prompts = [p["prompt"] for p in load_prompts(args.prompts)]
+    source = f"--prompts={args.prompts!r}" if args.prompts else "the shipped prompt set"
+    if not prompts:
+        raise ValueError(f"{source} holds no prompts: expected JSONL lines of {{\"category\", \"prompt\"}}")
     held_out = prompts[:: args.held_out_every]
     training = [p for i, p in enumerate(prompts) if i % args.held_out_every][: args.max_prompts]
+    if not training:
+        raise ValueError(f"{source} has {len(prompts)} prompt(s) and --held-out-every={args.held_out_every} "
+                         "holds out every one of them: expected more prompts, or a larger --held-out-every")
+    cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "train"
+    stage = _Stage("loading the model")
+    try:
+        return _run(args, started, out, cache, held_out, training, draft_vocab, stage)
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, not a traceback
+        print(f"\nverispec: interrupted while {stage.doing}; the recordings and checkpoints so far are kept "
+              f"in {str(cache)!r}: run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+@dataclass
+class _Stage:
+    """What a train-drafter run is doing, for the message when it is interrupted."""
+
+    doing: str
+
+
+def _run(args: argparse.Namespace, started: float, out: Path, cache: Path, held_out: list[str],
+         training: list[str], draft_vocab: int, stage: _Stage) -> int:
     model, tokenizer = load_model(args.model, dtype=torch.float32, device=args.device)
     if not args.init and draft_vocab > model.config.vocab_size:
         raise ValueError(f"--draft-vocab={draft_vocab} is invalid: expected at most the model's "
@@ -69,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"-k={args.num_speculative_tokens} is invalid: the --init head has "
                              f"{head.config.num_medusa_heads} Medusa heads")
     key = hashlib.sha1(repr((str(args.model), model.config, args.max_tokens, args.seed)).encode()).hexdigest()[:12]
-    cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "train"
+    stage.doing = f"recording the answers to {len(training)} prompts"
     dataset = record_shards(model, tokenizer, training, args.max_tokens, cache / f"data-{key}", args.seed,
                             args.answers_per_prompt)
     print(f"data: {len(dataset)} answers, {dataset.num_output_tokens} output tokens "
@@ -82,14 +115,16 @@ def run(args: argparse.Namespace) -> int:
         init_digest = None
     config, vocab = head.config, head.draft_vocab
     start = "initial" if args.init else "untrained"
+    stage.doing = "measuring the held-out acceptance before training"
     before = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
     chosen = {name: getattr(args, name) for name in ("epochs", "lr", "batch_tokens", "unroll")
               if getattr(args, name) is not None}
     train_config = TrainConfig(seed=args.seed, **chosen)
     identity = (key, training, args.answers_per_prompt, config, vocab.numel()) + ((init_digest,) if init_digest else ())
     run_key = hashlib.sha1(repr(identity).encode()).hexdigest()[:12]
+    stage.doing = f"training (a checkpoint every {train_config.checkpoint_every} steps)"
     losses = train(head, dataset, train_config, checkpoint_dir=cache / f"{args.kind}-{run_key}")
-    out = Path(args.out or f"{args.kind}-head.safetensors")
+    stage.doing = f"writing {str(out)!r} and measuring the trained head's acceptance"
     save_head(head, out)
     after = acceptance(model, tokenizer, head, held_out, args.num_speculative_tokens, args.eval_tokens)
     report = {
@@ -104,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         "mean_acceptance_length_trained": after,
         "seconds": round(time.monotonic() - started, 1),
     }
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    with atomic_path(out.with_suffix(".json")) as partial:
+        partial.write_text(json.dumps(report, indent=2) + "\n")
     print(f"held-out mean acceptance length at K={args.num_speculative_tokens} (greedy, "
           f"{len(held_out)} prompts): {start} {before:.2f}, trained {after:.2f}")
     print(f"wrote {out} and {out.with_suffix('.json')} in {report['seconds']:.0f} s")
@@ -144,15 +180,29 @@ def record_shards(model: LlamaModel, tokenizer: Tokenizer, prompts: Sequence[str
             digest = hashlib.sha1(repr(list(chunk)).encode()).hexdigest()[:10]
             tag = f"-a{answer}" if answer else ""
             path = directory / f"shard-{start // SHARD:04d}{tag}-L{'.'.join(map(str, layers))}-{digest}.safetensors"
-            if not path.is_file():
+            shard = _cached(path)
+            if shard is None:
                 params = [answer_params(start + i, answer, seed, max_tokens) for i in range(len(chunk))]
                 print(f"recording prompts {start}..{start + len(chunk) - 1} of {len(prompts)}"
                       + (f", answer {answer + 1} of {answers}" if answers > 1 else ""))
                 record(model, tokenizer, chunk, params, EngineConfig(max_num_seqs=SHARD, max_num_batched_tokens=1024,
                                                                        cache=CacheConfig(16, 2048)),
                        progress=True, layers=layers).save(path)
-            parts.append(Dataset.load(path, torch.bfloat16))
+                shard = Dataset.load(path, torch.bfloat16)
+            parts.append(shard)
     return Dataset.concat(parts)
+
+
+def _cached(path: Path) -> Dataset | None:
+    """The recording at `path`, or None when there is none or it does not load (a shard cut by a
+    kill before atomic writes, a disk error): then it is recorded again."""
+    if not path.is_file():
+        return None
+    try:
+        return Dataset.load(path, torch.bfloat16)
+    except ValueError as error:
+        print(f"warning: {error}; recording it again", file=sys.stderr)
+        return None
 
 
 def recorded_layers(num_layers: int) -> tuple[int, ...]:

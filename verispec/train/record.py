@@ -14,13 +14,13 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ..config import EngineConfig, SpeculativeConfig
 from ..engine.engine import LLMEngine
+from ..files import atomic_path
 from ..model import LlamaModel, Tokenizer
 from ..sampling_params import SamplingParams
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
@@ -77,22 +77,43 @@ class Dataset:
                    torch.cat([p.prompt_lens for p in parts]), layers.pop())
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Written to a temporary name and renamed: a run killed while saving leaves no shard."""
         from safetensors.torch import save_file
 
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file({"tokens": self.tokens, "features": self.features.to(torch.bfloat16).contiguous(),
-                   "offsets": self.offsets, "prompt_lens": self.prompt_lens}, str(path),
-                  metadata={"layers": json.dumps(list(self.layers))})
+        with atomic_path(path) as partial:
+            save_file({"tokens": self.tokens, "features": self.features.to(torch.bfloat16).contiguous(),
+                       "offsets": self.offsets, "prompt_lens": self.prompt_lens}, str(partial),
+                      metadata={"layers": json.dumps(list(self.layers))})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> Dataset:
-        """`dtype`: the features' (stored as bf16; keeping them so halves a large dataset's memory)."""
-        from safetensors import safe_open
+        """`dtype`: the features' (stored as bf16; keeping them so halves a large dataset's memory).
+        ValueError naming the file when it is not a whole, consistent recording."""
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            layers = tuple(json.loads((f.metadata() or {})["layers"]))
-            t = {name: f.get_tensor(name) for name in f.keys()}
-        return cls(t["tokens"], t["features"].to(dtype), t["offsets"], t["prompt_lens"], layers)
+        source = f"recording {str(path)!r}"
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                layers = tuple(json.loads((f.metadata() or {})["layers"]))
+                t = {name: f.get_tensor(name) for name in f.keys()}
+            dataset = cls(t["tokens"], t["features"].to(dtype), t["offsets"], t["prompt_lens"], layers)
+        # A cut or foreign file: SafetensorError (Exception alone), a missing key, bad JSON.
+        except (SafetensorError, OSError, KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"{source} cannot be read: {type(error).__name__}: {error}") from None
+        problem = dataset._inconsistency()
+        if problem is not None:
+            raise ValueError(f"{source} is inconsistent: {problem}")
+        return dataset
+
+    def _inconsistency(self) -> str | None:
+        """What does not add up between the tensors, or None."""
+        n = len(self.prompt_lens)
+        if self.offsets.shape != (n + 1,) or self.tokens.dim() != 1 or self.features.dim() != 2:
+            return f"shapes offsets {tuple(self.offsets.shape)}, prompt_lens {tuple(self.prompt_lens.shape)}"
+        if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != len(self.tokens) \
+                or len(self.features) != len(self.tokens) or bool((self.offsets[1:] < self.offsets[:-1]).any()):
+            return f"offsets end at {int(self.offsets[-1])} for {len(self.tokens)} tokens, {len(self.features)} features"
+        return None
 
 
 class _Recorder(Drafter):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..files import atomic_path
 from ..spec_decode.heads import EagleHead, Head, MedusaHeads
 from .record import Dataset
 from .unroll import unrolled_passes, valid_rows
@@ -39,7 +41,7 @@ CHECKPOINT = "checkpoint.pt"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # The recipe of the shipped heads (docs/benchmarks.md): on ~100k tokens of data, many small
+    # The recipe of the shipped heads (docs/drafter-training.md): on ~100k tokens of data, many small
     # steps learn far more per unit of compute than few large ones.
     epochs: int = 8
     batch_tokens: int = 1024  # sequences are packed into steps of about this many tokens
@@ -181,13 +183,7 @@ def train(head: Head, dataset: Dataset, config: TrainConfig = TrainConfig(),
     step = 0
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     if path is not None and path.is_file():
-        saved = torch.load(path, weights_only=False)
-        if _same(saved["identity"], identity):
-            with torch.no_grad():
-                for name, p in head.own_state().items():
-                    p.copy_(saved["head"][name])
-            optimizer.load_state_dict(saved["optimizer"])
-            step = saved["step"]
+        step = _resume(path, identity, head, optimizer)
     loss_fn = _eagle_loss if head.config.kind == "eagle" else _medusa_loss
     losses: list[float] = []
     bar = tqdm(total=total, initial=step, desc=f"training {head.config.kind}", unit="step", disable=not progress)
@@ -216,13 +212,37 @@ def train(head: Head, dataset: Dataset, config: TrainConfig = TrainConfig(),
     return losses
 
 
+def _resume(path: Path, identity: dict, head: Head, optimizer: torch.optim.Optimizer) -> int:
+    """Loads the checkpoint at `path` into `head` and `optimizer` when it belongs to this run;
+    returns the steps it had done (0: start over). weights_only: a checkpoint is tensors and
+    plain values, and a file placed in a shared cache directory must not run code when loaded.
+    A damaged or foreign checkpoint is reported and training starts from the beginning."""
+    state = {name: p.detach().clone() for name, p in head.own_state().items()}
+    try:
+        saved = torch.load(path, weights_only=True)
+        if not _same(saved["identity"], identity):
+            return 0
+        with torch.no_grad():
+            for name, p in head.own_state().items():
+                p.copy_(saved["head"][name])
+        optimizer.load_state_dict(saved["optimizer"])
+        return int(saved["step"])
+    # torch.load reports a cut, garbled or code-carrying file as any of several types (pickle's
+    # UnpicklingError, EOFError, RuntimeError, ...), and a foreign dict fails on its keys.
+    except Exception as error:
+        with torch.no_grad():
+            for name, p in head.own_state().items():
+                p.copy_(state[name])
+        print(f"warning: training checkpoint {str(path)!r} is damaged ({type(error).__name__}: {error}); "
+              "training from the start", file=sys.stderr)
+        return 0
+
+
 def _same(a: dict, b: dict) -> bool:
     return all(torch.equal(a[k], b[k]) if isinstance(b[k], torch.Tensor) else a.get(k) == b[k] for k in b)
 
 
 def _save(path: Path, state: dict) -> None:
     """Atomically: a run killed while saving keeps the previous checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
+    with atomic_path(path) as partial:
+        torch.save(state, partial)
