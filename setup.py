@@ -1,4 +1,4 @@
-"""Builds verispec._C, the compiled CPU kernels, when a C++ compiler and torch's headers are at
+"""Builds verispec.cpu_kernels, the compiled CPU kernels, when a C++ compiler and torch's headers are at
 hand (`make setup` installs torch first). Without them the package installs anyway and runs
 its pure-torch fallback (verispec.model.quant.kernels says which path runs)."""
 
@@ -31,7 +31,7 @@ def extensions() -> list:
         return []
     sources = ["csrc/binding.cpp", "csrc/attention.cpp"] + [f"csrc/qgemm_{isa}.cpp"
                                       for isa in ("avx512vnni", "avxvnni", "avx2", "generic")]
-    return [CppExtension("verispec._C", sources,
+    return [CppExtension("verispec.cpu_kernels", sources,
                          extra_compile_args=["-O3", "-ffp-contract=off"])]
 
 

@@ -1,4 +1,4 @@
-// verispec._C: the quantized products (qgemm.h) as torch functions, the activations'
+// verispec.cpu_kernels: the quantized products (qgemm.h) as torch functions, the activations'
 // quantization, the choice of instruction set from the CPU's flags at run time, and the
 // row-by-row paged attention (attention.h).
 #include <torch/extension.h>

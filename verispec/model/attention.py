@@ -27,7 +27,7 @@ How a batch is attended (decided once per forward by AttentionPlan, shared by al
   than the call costs. A chunk with no cached context attends to its own keys directly.
 
 With `rowwise` (quantized models, whose int8 activations magnify any difference), every
-sequence is attended by the compiled row-by-row kernel instead (verispec._C, csrc/attention.h):
+sequence is attended by the compiled row-by-row kernel instead (verispec.cpu_kernels, csrc/attention.h):
 each (row, head) on its own straight from the paged cache, so a row's result depends neither on
 the batch nor on how a prompt was chunked or drafts were fed with it (greedy speculative output
 then equals plain output token for token). Without the compiled kernels the SDPA paths run.

@@ -1,6 +1,6 @@
 """Which kernel multiplies a QuantizedWeight, and the pure-torch fallback.
 
-The compiled kernels (verispec._C, csrc/, built by `make setup`) come in one variant per
+The compiled kernels (verispec.cpu_kernels, csrc/, built by `make setup`) come in one variant per
 instruction set, chosen at run time from the CPU's flags: avx512vnni, avxvnni, avx2, generic
 (scalar C++, any CPU). Where the extension did not build or load, `torch` runs the same
 arithmetic with torch operations. VERISPEC_CPU_KERNEL=<name> forces one (tests, benchmarks).
@@ -21,9 +21,9 @@ import torch
 from verispec.model.quant.formats import BLOCK, PanelWeight, QuantizedWeight
 
 try:
-    from verispec import _C
+    import verispec.cpu_kernels as _compiled
 except ImportError as error:  # not built (no compiler at install time) or built for another torch
-    _C = None
+    _compiled = None
     _IMPORT_ERROR = str(error)
 
 _log = logging.getLogger("verispec")
@@ -33,14 +33,14 @@ FALLBACK = "torch"
 _FALLBACK_ELEMENTS = 1 << 21
 
 
-def compiled_kernels():  # the verispec._C module, or None
-    """verispec._C where it was built and loads, else None."""
-    return _C
+def compiled_kernels():  # the verispec.cpu_kernels module, or None
+    """verispec.cpu_kernels where it was built and loads, else None."""
+    return _compiled
 
 
 def available_kernels() -> list[str]:
     """The kernels this machine can run, best first; the torch fallback is always last."""
-    return (list(_C.supported_isas()) if _C is not None else []) + [FALLBACK]
+    return (list(_compiled.supported_isas()) if _compiled is not None else []) + [FALLBACK]
 
 
 @functools.cache
@@ -53,7 +53,7 @@ def default_kernel() -> str:
             raise ValueError(f"{ENV}={chosen!r} is not available on this machine: expected one "
                              f"of {available}")
         return chosen
-    if _C is None:
+    if _compiled is None:
         _log.warning("verispec: the compiled CPU kernels are not available (%s); quantized "
                      "weights run on the slower pure-torch fallback", _IMPORT_ERROR)
     return available[0]
@@ -116,5 +116,5 @@ def qlinear(
         return _torch_qlinear(x, weight.to_rows() if isinstance(weight, PanelWeight) else weight)
     if isinstance(weight, QuantizedWeight):
         weight = PanelWeight(weight)
-    return _C.qlinear(x, weight.packed, weight.d, weight.m, weight.bits, weight.zero_point,
+    return _compiled.qlinear(x, weight.packed, weight.d, weight.m, weight.bits, weight.zero_point,
                       weight.shape[0], kernel)
