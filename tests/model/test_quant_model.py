@@ -95,3 +95,23 @@ def test_bad_quantization_names_the_choices() -> None:
         LLM(dtype="bfloat16", quantization="int4", progress=False)
     with pytest.raises(ValueError, match="group_size=48 is invalid"):
         load_model(quantization="int4", group_size=48, progress=False)
+
+
+def test_a_quantized_model_is_cached_and_a_damaged_cache_rebuilt(tmp_path, monkeypatch,
+                                                                   tiny_checkpoint) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    _, directory = tiny_checkpoint
+    ids = list(range(10))
+
+    def load():
+        model, _ = load_model(str(directory), quantization="int4", progress=False)
+        return _logits(model, ids)
+
+    first = load()
+    (entry,) = tmp_path.glob("*-int4-g32")
+    saved = (entry / "model.pt").stat().st_mtime_ns
+    assert torch.equal(load(), first)  # read back from the cache, not rebuilt
+    assert (entry / "model.pt").stat().st_mtime_ns == saved
+    (entry / "model.pt").write_bytes(b"not a model")
+    assert torch.equal(load(), first)  # ignored, rebuilt and rewritten
+    assert (entry / "model.pt").stat().st_size > 100

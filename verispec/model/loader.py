@@ -8,10 +8,11 @@ $VERISPEC_CACHE_DIR (default ~/.cache/verispec), keyed by the file's path, size 
 later loads read safetensors only. If the cache cannot be written, loading still works.
 
 With `quantization`, the linear layers, embedding and LM head keep small-integer blocks
-(verispec.model.quant): "gguf" runs a GGUF file's blocks as stored (read in a fraction of a second,
-nothing cached); "int4" / "int8" quantize float weights at load by rounding to nearest, int4 with
-one scale and minimum per group of `group_size` weights (the embedding and LM head in int8, as
-llama.cpp's files keep them), int8 with one scale per group.
+(verispec.model.quant): "gguf" runs a GGUF file's blocks as stored; "int4" / "int8" quantize
+float weights at load by rounding to nearest, int4 with one scale and minimum per group of
+`group_size` weights (the embedding and LM head in int8, as llama.cpp's files keep them), int8
+with one scale per group. The prepared model is cached too (verispec.model.quant.cache), keyed by
+the source's files and the scheme, so a second load reads one file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from verispec.model import hf_checkpoint
 from verispec.model.config import ModelConfig
 from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
 from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel, check_weights
+from verispec.model.quant import cache as quant_cache
 from verispec.model.quant.formats import BLOCK, GROUP_SIZES, QuantizedWeight, quantize_rtn
 from verispec.model.tokenizer import Tokenizer
 
@@ -58,11 +60,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VERISPEC_CACHE_DIR") or Path.home() / ".cache" / "verispec")
 
 
-def _cache_entry(gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{_CACHE_FORMAT}"
+def _cache_entry(source: Path, scheme: str = "") -> Path:
+    """The cache directory for `source` (a GGUF file, or a checkpoint directory) in `scheme`
+    ("": the dequantized checkpoint; "gguf", "int4-g32", ...: a quantized model), keyed by the
+    source's files' paths, sizes and mtimes."""
+    files = [source] if source.is_file() else sorted(source.iterdir())
+    stamps = "\0".join(f"{f.resolve()}\0{f.stat().st_size}\0{f.stat().st_mtime_ns}"
+                       for f in files if f.is_file())
+    key = f"{stamps}\0{_CACHE_FORMAT}\0{scheme}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir() / f"{gguf_path.stem}-{digest}"
+    return cache_dir() / f"{source.stem}-{digest}{'-' + scheme if scheme else ''}"
 
 
 def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
@@ -199,17 +206,46 @@ def load_model(
     path = default_model_path() if model is None else Path(model).expanduser()
 
     is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    if quantization is None:
+        return _load_float(model, path, is_gguf, dtype, device, progress)
+    if quantization == "gguf" and not is_gguf:
+        raise ValueError(f"quantization='gguf' needs a .gguf file: got model={str(model)!r}")
+    if not path.exists():
+        raise ValueError(f"model={str(model)!r}: no such file or directory")
+    entry = _cache_entry(path, quantization if rtn is None else f"{quantization}-g{group_size}")
+    cached = quant_cache.load(entry)
+    if cached is not None:
+        return cached
     if quantization == "gguf":
-        if not is_gguf:
-            raise ValueError(f"quantization='gguf' needs a .gguf file: got model={str(model)!r}")
         stored = read_gguf(path, progress, stored=True)
-        return _build(path, stored.config, stored.weights, dtype, device, True), stored.tokenizer
+        loaded = _build(path, stored.config, stored.weights, dtype, device, True), stored.tokenizer
+    elif is_gguf:
+        converted = _convert(path, progress)
+        if isinstance(converted, Path):
+            loaded = _load_directory(converted, dtype, device, rtn)
+        else:
+            loaded = _build(path, converted.config, quantize_weights(converted.weights, *rtn),
+                            dtype, device, True), converted.tokenizer
+    else:
+        loaded = _load_float(model, path, is_gguf, dtype, device, progress, rtn)
+    try:
+        quant_cache.save(*loaded, entry)
+    except OSError as error:
+        warnings.warn(f"could not cache the quantized model in {entry} ({error}); it will be "
+                      f"prepared again next time", stacklevel=2)
+    return loaded
+
+
+def _load_float(model: object, path: Path, is_gguf: bool, dtype: torch.dtype,
+                device: torch.device, progress: bool,
+                rtn: tuple[int, int] | None = None) -> tuple[LlamaModel, Tokenizer]:
+    """A GGUF file widened to `dtype`, or a checkpoint directory in `dtype` (or rounded to
+    `rtn`: bits, group size)."""
     if is_gguf:
         converted = _convert(path, progress)
         if isinstance(converted, Path):
             return _load_directory(converted, dtype, device, rtn)
-        weights = quantize_weights(converted.weights, *rtn) if rtn else converted.weights
-        return _build(path, converted.config, weights, dtype, device, rtn is not None), \
+        return _build(path, converted.config, converted.weights, dtype, device), \
             converted.tokenizer
     if path.is_dir() and (path / "config.json").is_file():
         return _load_directory(path, dtype, device, rtn)

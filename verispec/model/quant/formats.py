@@ -104,15 +104,15 @@ class PanelWeight:
         rows, columns = weight.shape
         panels, groups = -(-rows // PANEL), columns // BLOCK
         pad = panels * PANEL - rows
-        q = F.pad(weight.unpacked(), (0, 0, 0, pad)).view(panels, PANEL, groups, 8, 4)
-        if weight.bits == 8:  # chunk k of four elements, the 8 columns side by side
-            packed = q.permute(0, 2, 3, 1, 4)
-        else:  # chunk j in the low nibbles, chunk j + 4 in the high ones
-            packed = (q[:, :, :, :4] | (q[:, :, :, 4:] << 4)).permute(0, 2, 3, 1, 4)
-        self.packed = packed.reshape(panels, groups, -1).contiguous()
+        # A row's bytes 4c .. 4c+3 of a block hold elements 4c .. 4c+3 (8 bits), or elements
+        # 4c .. 4c+3 and 16+4c .. 16+4c+3 in their two nibbles (4 bits): exactly one panel chunk.
+        # So panels are the rows' 4-byte words transposed, column by column within each block.
+        words = _pad_rows(weight.packed, pad).view(torch.int32).view(panels, PANEL, groups, -1)
+        self.packed = words.permute(0, 2, 3, 1).contiguous().view(torch.uint8) \
+            .view(panels, groups, -1)
 
         def panel_scales(t: torch.Tensor) -> torch.Tensor:
-            return F.pad(t, (0, 0, 0, pad)).view(panels, PANEL, groups).transpose(1, 2).contiguous()
+            return _pad_rows(t, pad).view(panels, PANEL, groups).transpose(1, 2).contiguous()
 
         self.d = panel_scales(weight.d)
         self.m = None if weight.m is None else panel_scales(weight.m)
@@ -131,20 +131,19 @@ class PanelWeight:
         """The same weight in row layout (QuantizedWeight), padding dropped."""
         rows, columns = self.shape
         panels, groups = self.packed.shape[:2]
-        if self.bits == 8:
-            q = self.packed.view(panels, groups, 8, PANEL, 4).permute(0, 3, 1, 2, 4)
-        else:
-            nibbles = self.packed.view(panels, groups, 4, PANEL, 4)
-            q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=2).permute(0, 3, 1, 2, 4)
-        q = q.reshape(panels * PANEL, groups, BLOCK)[:rows]
-        packed = q if self.bits == 8 else q[..., :16] | (q[..., 16:] << 4)
+        words = self.packed.view(torch.int32).view(panels, groups, -1, PANEL)
+        packed = words.permute(0, 3, 1, 2).reshape(panels * PANEL, -1)[:rows]
 
         def row_scales(t: torch.Tensor) -> torch.Tensor:
             return t.transpose(1, 2).reshape(panels * PANEL, groups)[:rows]
 
-        return QuantizedWeight(packed.reshape(rows, -1), row_scales(self.d),
+        return QuantizedWeight(packed.contiguous().view(torch.uint8), row_scales(self.d),
                                None if self.m is None else row_scales(self.m), self.bits,
                                self.zero_point, self.kind)
+
+
+def _pad_rows(t: torch.Tensor, pad: int) -> torch.Tensor:  # [N, ...] -> [N + pad, ...], zeros
+    return F.pad(t, (0, 0, 0, pad)) if pad else t
 
 
 def _halves(raw: np.ndarray, start: int) -> torch.Tensor:  # raw [N, G, block_bytes] -> [N, G]

@@ -98,10 +98,13 @@ def _torch_qlinear(
     return torch.cat(out, dim=1)
 
 
-def prepare(weight: QuantizedWeight, kernel: str | None = None) -> QuantizedWeight | PanelWeight:
+def prepare(weight: QuantizedWeight | PanelWeight,
+            kernel: str | None = None) -> QuantizedWeight | PanelWeight:
     """The weight in the layout `kernel` (None: `default_kernel()`) reads: panels for the
     compiled kernels, rows for the fallback."""
-    return weight if (kernel or default_kernel()) == FALLBACK else PanelWeight(weight)
+    if (kernel or default_kernel()) == FALLBACK:
+        return weight.to_rows() if isinstance(weight, PanelWeight) else weight
+    return weight if isinstance(weight, PanelWeight) else PanelWeight(weight)
 
 
 def qlinear(

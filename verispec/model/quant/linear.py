@@ -47,6 +47,10 @@ class QuantLinear(nn.Module):
         self.parts = [prepare(p) if isinstance(p, QuantizedWeight) else p
                       for p in stack_parts(parts)]
 
+    def load_prepared(self, parts: list[Prepared]) -> None:
+        """Parts as `load` leaves them (a cached model), in whichever layout they were saved."""
+        self.parts = [p if isinstance(p, torch.Tensor) else prepare(p) for p in parts]
+
     def cost_rows(self, rows: int) -> int:
         return rows
 

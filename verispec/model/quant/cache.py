@@ -1,0 +1,93 @@
+"""A quantized model's prepared weights on disk, so that its second load reads one file.
+
+Reading a GGUF file's blocks (its metadata parser alone takes seconds for a 49K-token
+vocabulary) or rounding a float checkpoint to int4 (seconds more) happens once; the result is
+saved under the loader's cache directory with torch.save and read back with
+torch.load(weights_only=True, mmap=True): tensors and plain values only, nothing to execute.
+Written to a temporary name and renamed (verispec.files), so a killed run leaves no cut file;
+a file that does not load is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import torch
+
+from verispec.files import atomic_path
+from verispec.model.config import ModelConfig
+from verispec.model.llama import LlamaModel
+from verispec.model.quant.formats import PanelWeight, QuantizedWeight
+from verispec.model.quant.linear import QuantLinear
+from verispec.model.tokenizer import Tokenizer
+
+# Bump when what is saved changes meaning.
+FORMAT = 1
+_log = logging.getLogger("verispec")
+Weight = QuantizedWeight | PanelWeight | torch.Tensor
+
+
+def _pack(weight: Weight) -> dict:
+    if isinstance(weight, torch.Tensor):
+        return {"layout": "float", "tensor": weight}
+    out = {"layout": "panels" if isinstance(weight, PanelWeight) else "rows",
+           "packed": weight.packed, "d": weight.d, "bits": weight.bits,
+           "zero_point": weight.zero_point, "kind": weight.kind, "shape": list(weight.shape)}
+    if weight.m is not None:
+        out["m"] = weight.m
+    return out
+
+
+def _unpack(saved: dict) -> Weight:
+    if saved["layout"] == "float":
+        return saved["tensor"]
+    if saved["layout"] == "rows":
+        return QuantizedWeight(saved["packed"], saved["d"], saved.get("m"), saved["bits"],
+                               saved["zero_point"], saved["kind"])
+    panels = PanelWeight.__new__(PanelWeight)
+    panels.packed, panels.d, panels.m = saved["packed"], saved["d"], saved.get("m")
+    panels.bits, panels.zero_point, panels.kind = saved["bits"], saved["zero_point"], saved["kind"]
+    panels.shape = tuple(saved["shape"])
+    return panels
+
+
+def save(model: LlamaModel, tokenizer: Tokenizer, directory: Path) -> None:
+    """The model's prepared weights, config and tokenizer into `directory` (created)."""
+    linears = {name: [_pack(p) for p in module.parts] for name, module in model.named_modules()
+               if isinstance(module, QuantLinear)}
+    state = {"format": FORMAT, "config": dataclasses.asdict(model.config),
+             "embed": _pack(model.embed_quantized), "linears": linears,
+             "parameters": dict(model.named_parameters())}
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(directory)
+    with atomic_path(directory / "model.pt") as path:
+        torch.save(state, path)
+
+
+def load(directory: Path) -> tuple[LlamaModel, Tokenizer] | None:
+    """The model saved by `save`, or None when there is none or it does not load."""
+    path = directory / "model.pt"
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, weights_only=True, mmap=True)
+        if state.get("format") != FORMAT:
+            return None
+        raw = dict(state["config"])
+        raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
+        config = ModelConfig(**raw)
+        model = LlamaModel(config, quantized=True)
+        model.embed_quantized = _unpack(state["embed"])
+        modules = dict(model.named_modules())
+        for name, parts in state["linears"].items():
+            modules[name].load_prepared([_unpack(p) for p in parts])
+        model.load_state_dict(state["parameters"], strict=False)
+        eos = config.eos_token_ids[0] if config.eos_token_ids else None
+        tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
+    # A damaged or foreign file: whatever torch, the config or the tokenizer raises about it.
+    except Exception as error:  # noqa: BLE001
+        _log.warning("verispec: ignoring the cached quantized model in %s (%s)", directory, error)
+        return None
+    return model.eval(), tokenizer
