@@ -125,6 +125,8 @@ class LlamaModel(nn.Module):
             raise ValueError(f"quantized weights run with float32 activations on the CPU, not "
                              f"dtype={dtype} on device={str(device)!r}")
         self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
+        # Quantized models attend row by row (verispec.model.attention) where it is compiled.
+        self.rowwise_attention = quantized and compiled_kernels() is not None
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, dtype, device)
         self.widening = widening = None if quantized else widening_for(dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, widening, quantized)
@@ -205,13 +207,16 @@ class LlamaModel(nn.Module):
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim].
 
-        Zero-filled: attention masks unwritten slots, but a masked NaN would still poison the
-        weighted sum of values."""
+        Zero-filled where SDPA attends (it masks unwritten slots, but a masked NaN would still
+        poison the weighted sum of values). The row-by-row attention of quantized models reads
+        written slots only, so their cache is left unfilled: its memory is taken as it is used,
+        not all at once."""
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
         shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        make = torch.empty if self.rowwise_attention else torch.zeros
+        return [make(shape, dtype=self.dtype, device=self.device)
                 for _ in range(self.config.num_layers)]
 
     def forward(
@@ -244,7 +249,7 @@ class LlamaModel(nn.Module):
                                  f"in [1, {self.config.num_layers}]")
         plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
                              widen_decode=self.widening is not None,
-                             rowwise=self.quantized and compiled_kernels() is not None)
+                             rowwise=self.rowwise_attention)
         cos, sin = self.rotary.angles(positions)
         hidden = self.embed(input_ids)
         captured: dict[int, torch.Tensor] = {}
