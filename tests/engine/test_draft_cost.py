@@ -68,9 +68,12 @@ def test_seeded_request_is_batch_invariant_with_a_drafter_cost_that_grows_with_t
     assert run([[5, 6, 7], [9, 9, 9], REPETITIVE, [3]], [other, GREEDY, seeded, other])[2] == alone
 
 
-def test_draft_model_cost_is_the_ratio_of_parameters() -> None:
+def test_draft_model_cost_is_the_ratio_of_weight_bytes() -> None:
     small, big = tiny_model(seed=1, hidden=16), tiny_model(seed=0, hidden=32)
     ratio = sum(p.numel() for p in small.parameters()) / sum(p.numel() for p in big.parameters())
     cost = draft_model_cost(small, big, row_cost=0.1)
     assert 0 < ratio < 1 and cost == DraftCost(per_position=ratio, per_row=0.1 * ratio)
     assert cost(3, 2) == pytest.approx(3 * (ratio + 0.2 * ratio)) and cost(0, 2) == 0
+    # An int4 copy: 4-bit blocks (with float16 scales and minimums) against float32 weights.
+    int4 = tiny_model(seed=0, hidden=32, quantization=(4, 32))
+    assert 0.1 < draft_model_cost(int4, big, row_cost=0.1).per_position < 0.35

@@ -199,6 +199,18 @@ class LlamaModel(nn.Module):
             return self.lm_head.dense_rows(index)
         return self.lm_head.weight.index_select(0, index)
 
+    def weight_bytes(self) -> int:
+        """Bytes of all weights, as stored (blocks for a quantized model)."""
+        stored = sum(p.numel() * p.element_size() for p in self.parameters())
+        if self.quantized:
+            linears = [m for m in self.modules() if isinstance(m, QuantLinear)]
+            stored += sum(p.numel() * p.element_size() if isinstance(p, torch.Tensor) else p.nbytes
+                          for m in linears for p in m.parts)
+            embed = self.embed_quantized
+            stored += embed.numel() * embed.element_size() if isinstance(embed, torch.Tensor) \
+                else embed.nbytes
+        return stored
+
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products
         pad rows to the counts BLAS runs fastest (verispec.model.linear)."""

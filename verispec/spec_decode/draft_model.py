@@ -31,9 +31,10 @@ from .draft_sampling import draft_metadata, sample_drafts
 
 def draft_model_cost(draft: LlamaModel, target: LlamaModel, row_cost: float) -> DraftCost:
     """A draft model's cost relative to its target's: decoding reads the weights, so a draft
-    pass's fixed cost is the target's scaled by the ratio of their parameter counts, and so is
-    each row's (row_cost, SpeculativeConfig). One pass per draft position."""
-    ratio = sum(p.numel() for p in draft.parameters()) / sum(p.numel() for p in target.parameters())
+    pass's fixed cost is the target's scaled by the ratio of their weights' bytes (an int4 copy
+    of a float32 target costs about a seventh of it), and so is each row's (row_cost,
+    SpeculativeConfig). One pass per draft position."""
+    ratio = draft.weight_bytes() / target.weight_bytes()
     return DraftCost(per_position=ratio, per_row=ratio * row_cost)
 
 
