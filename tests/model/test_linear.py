@@ -74,31 +74,3 @@ def test_cost_rows_follow_the_padding_of_each_strategy() -> None:
     assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [2, 4, 7, 32, 65]
     assert [widened.cost_rows(r) for r in (1, 3, 17)] == [1, 4, 32]  # one row: the bf16 product
     assert [native.cost_rows(r) for r in (1, 3, 17)] == [1, 3, 17]
-
-
-@pytest.mark.parametrize("skinny_wins", [True, False])
-def test_each_float32_product_takes_the_strategy_measured_faster(monkeypatch, skinny_wins) -> None:
-    """The choice follows the measurement (two CPUs disagree on which product is faster); the
-    measurement runs once per weight shape, padded row count and thread count."""
-    measured = []
-
-    def fastest(product) -> float:
-        measured.append(product)
-        is_skinny = len(measured) % 2 == 1  # skinny is measured first, then F.linear
-        return 1.0 if is_skinny == skinny_wins else 2.0
-
-    choice = linear_module.ProductChoice()
-    monkeypatch.setattr(choice, "_fastest", fastest)
-    monkeypatch.setattr(linear_module, "_choice", choice)
-    skinny_calls = []
-    real_skinny = linear_module._skinny_product
-    monkeypatch.setattr(linear_module, "_skinny_product",
-                        lambda *args: skinny_calls.append(1) or real_skinny(*args))
-    layer = make_linear(torch.float32, None)
-    x = torch.randn(5, 16)
-    for _ in range(3):
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), atol=1e-6, rtol=1e-6)
-    assert len(measured) == 2  # measured once
-    assert (len(skinny_calls) > 0) == skinny_wins
-    layer(torch.randn(16, 16))  # another padded row count: measured again
-    assert len(measured) == 4

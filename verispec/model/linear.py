@@ -1,11 +1,8 @@
 """The model's matrix multiplies, with the CPU strategies that make small-batch inference fast.
 
 Measured on 2 AVX2 cores with SmolLM2's shapes (torch 2.13, MKL and oneDNN):
-- float32, up to 64 rows: on an AMD EPYC, MKL runs (W @ x^T)^T ("skinny" products) 1.1-3x faster
-  than x @ W^T; on an Intel Xeon with AVX512 it runs them 3-4x slower. Which one a layer uses is
-  therefore measured on the machine itself, once per weight shape, row count and thread count
-  (`ProductChoice`: the faster of a few runs of each), the first time that product is needed.
-  The skinny products' cost is far from linear in the rows: the products of 30 layers take 27 ms for 1 row,
+- float32, up to 64 rows: MKL runs (W @ x^T)^T ("skinny" products) 1.1-3x faster than
+  x @ W^T, at a cost far from linear in the rows: the products of 30 layers take 27 ms for 1 row,
   2 rows 21, 4 rows 20, 6 rows 34, 12 rows 58, 15 rows 93, 16 rows 43, 31 rows 109, 32 rows 59.
   Inputs are therefore padded with zero rows: 1 row to 2, 3 to 4, above 9 rows to a multiple
   of 16 (`skinny_rows`), within 8% of the best padding at every row count up to 64.
@@ -17,8 +14,6 @@ Measured on 2 AVX2 cores with SmolLM2's shapes (torch 2.13, MKL and oneDNN):
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
@@ -57,53 +52,14 @@ class WideningBuffer:
         return self._buffer[:numel].view(weight.shape).copy_(weight)
 
 
-class ProductChoice:
-    """Whether the skinny product beats F.linear, per (weight shape, padded rows, threads),
-    measured on first use: the fastest of RUNS runs of each on the real weight."""
-
-    RUNS = 3
-
-    def __init__(self) -> None:
-        self._skinny: dict[tuple[int, int, int, int], bool] = {}
-
-    def skinny(self, weight: torch.Tensor, rows: int) -> bool:  # weight: [N, in] float32
-        key = (*weight.shape, skinny_rows(rows), torch.get_num_threads())
-        if key not in self._skinny:
-            x = torch.randn(rows, weight.shape[1])
-            self._skinny[key] = self._fastest(lambda: _skinny_product(weight, x, torch.float32)) \
-                < self._fastest(lambda: F.linear(x, weight))
-        return self._skinny[key]
-
-    @classmethod
-    def _fastest(cls, product) -> float:
-        best = float("inf")
-        for _ in range(cls.RUNS):
-            start = time.perf_counter()
-            product()
-            best = min(best, time.perf_counter() - start)
-        return best
-
-
-_choice = ProductChoice()
-
-
 def _cpu_fp32_product(
     weight: torch.Tensor,  # [N, in] float32
     x: torch.Tensor,  # [T, in] float32
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [T, N] in dtype, contiguous
     rows = x.shape[0]
-    if rows > SKINNY_MAX_ROWS or not _choice.skinny(weight, rows):
+    if rows > SKINNY_MAX_ROWS:
         return F.linear(x, weight).to(dtype)
-    return _skinny_product(weight, x, dtype)
-
-
-def _skinny_product(
-    weight: torch.Tensor,  # [N, in] float32
-    x: torch.Tensor,  # [T, in] float32
-    dtype: torch.dtype,
-) -> torch.Tensor:  # [T, N] in dtype, contiguous
-    rows = x.shape[0]
     padded = skinny_rows(rows)
     if padded > rows:
         # Real zero rows: stride-0 (expanded) ones would leave BLAS for a slow path.
