@@ -139,6 +139,14 @@ class Drafter(ABC):
         get the same K on every machine. This default: free."""
         return 0.0
 
+    def restorable_prefix(self, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of a request being admitted the target may take from its
+        prefix cache (verispec/engine/prefix_cache.py), so that their hidden states are never
+        observed, with this drafter still able to draft for it. This default: all of them (a
+        drafter that reads no hidden states of earlier tokens, or computes its own state from
+        the token ids)."""
+        return len(token_ids)
+
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""
