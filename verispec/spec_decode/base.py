@@ -142,10 +142,10 @@ class Drafter(ABC):
     def restorable_prefix(self, token_ids: Sequence[int]) -> int:
         """How many leading tokens of a request being admitted the target may take from its
         prefix cache (verispec/engine/prefix_cache.py), so that their hidden states are never
-        observed, with this drafter still able to draft for it. This default: all of them (a
-        drafter that reads no hidden states of earlier tokens, or computes its own state from
-        the token ids)."""
-        return len(token_ids)
+        observed, with this drafter still able to draft for it (or, recording, to record them).
+        This default: none for a drafter that reads hidden states (it may need every token's),
+        all of them otherwise (its state comes from the token ids)."""
+        return 0 if self.hidden_layers else len(token_ids)
 
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:

@@ -61,11 +61,6 @@ class EagleDrafter(Drafter):
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)
 
-    def restorable_prefix(self, token_ids: Sequence[int]) -> int:
-        # The head's cache needs the target's feature of every position (step 2 above), and a
-        # token taken from the target's prefix cache is never fed, so its feature never arrives.
-        return 0
-
     def release(self, request_id: str) -> None:
         self.store.release(request_id)
         self.blocks.free(request_id)
