@@ -144,14 +144,19 @@ def _chats(cfg: bool = False, max_tokens: int = 8) -> list[list[tuple[list[int],
     return [chats[:1], chats[1:] + [([9, 9, 8] + u, _params(7, cfg, max_tokens)) for u in USERS[:2]], chats]
 
 
-def _same_on_and_off(make, cfg: bool = False, max_tokens: int = 8) -> tuple[LLMEngine, dict[str, RequestOutput]]:
-    """Runs the chats with caching off and on; asserts identical outputs; returns the caching engine's."""
+def _same_on_and_off(make, cfg: bool = False, max_tokens: int = 8, same_drafts: bool = False,
+                     ) -> tuple[LLMEngine, dict[str, RequestOutput]]:
+    """Runs the chats with caching off and on; asserts identical outputs (and, with
+    `same_drafts`, identical drafts and acceptances: the drafter's state is what it would have
+    computed); returns the caching engine and its outputs."""
     outputs = []
     for caching in (False, True):
         engine = make(caching)
         outputs.append((engine, _serve(engine, _chats(cfg, max_tokens))))
     (_, off), (on_engine, on) = outputs
     assert {r: o.token_ids for r, o in on.items()} == {r: o.token_ids for r, o in off.items()}
+    if same_drafts:
+        assert {r: o.stats for r, o in on.items()} == {r: o.stats for r, o in off.items()}
     assert all(o.num_cached_tokens == 0 for o in off.values())
     assert all(o.finish_reason == "length" for o in on.values())
     return on_engine, on
@@ -192,18 +197,22 @@ def test_cfg_companions_share_the_negative_prompt() -> None:
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_learned_heads_are_the_same_with_and_without_caching(kind: str) -> None:
     """Medusa reads only the newest feature: the target caches prefixes. EAGLE's head needs the
-    feature of every position, so the target computes its prompts in full."""
+    feature of every position: its own prefix cache restores them, and the target skips only
+    what the head has."""
     target = learned.target()
 
     def make(caching: bool) -> LLMEngine:
         head = learned.trained(kind)
-        d = EagleDrafter(head, num_blocks=512, block_size=4) if kind == "eagle" else MedusaDrafter(head)
+        d = EagleDrafter(head, num_blocks=512, block_size=4, prefix_caching=caching) if kind == "eagle" \
+            else MedusaDrafter(head)
         return _engine(target, d, caching, method=kind)
 
-    _, on = _same_on_and_off(make)
+    engine, on = _same_on_and_off(make, same_drafts=True)
     assert sum(o.stats.num_accepted_tokens for o in on.values()) > 0
-    cached = sum(o.num_cached_tokens for o in on.values())
-    assert cached == 0 if kind == "eagle" else cached > 0
+    assert sum(o.num_cached_tokens for o in on.values()) > 0
+    if kind == "eagle":
+        head = engine.drafter.blocks
+        assert head.prefix.num_cached > 0 and head.num_free_blocks == head.num_blocks
 
 
 @pytest.mark.parametrize("kind,tree", [("ngram", (3, 2, 1)), ("medusa", DynamicTree(8, 3, 3))])

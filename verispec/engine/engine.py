@@ -154,7 +154,7 @@ class LLMEngine:
             if config.cache.enable_prefix_caching else None
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root)
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
-                                   lambda r: drafter.restorable_prefix(r.all_token_ids()))
+                                   lambda r: drafter.restorable_prefix(r.request_id, r.all_token_ids()))
         self.runner = ModelRunner(model, self.blocks)
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = set(model.config.eos_token_ids)

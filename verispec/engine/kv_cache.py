@@ -93,10 +93,11 @@ class BlockManager:
         """How many sequences hold `block`."""
         return self._refs[block]
 
-    def cached_prefix(self, hashes: Sequence[bytes], token_ids: Sequence[int]) -> list[int]:
+    def cached_prefix(self, hashes: Sequence[bytes], token_ids: Sequence[int], root: bytes | None = None) -> list[int]:
         """The cached blocks of the longest cached prefix of `token_ids`, whose full blocks'
-        chain is `hashes` (prefix_cache.extend_chain); [] without prefix caching."""
-        return self.prefix.lookup(hashes, token_ids, self.block_size) if self.prefix is not None else []
+        chain from `root` (None: the identity key) is `hashes` (prefix_cache.extend_chain); []
+        without prefix caching."""
+        return self.prefix.lookup(hashes, token_ids, self.block_size, root) if self.prefix is not None else []
 
     def blocks_taken(self, cached: Sequence[int]) -> int:
         """How many free blocks mapping `cached` (cached_prefix's blocks) would use up: the
@@ -180,10 +181,12 @@ class BlockManager:
         for block in reversed(table):
             self._drop(block)
 
-    def publish(self, seq_id: Hashable, hashes: Sequence[bytes], token_ids: Sequence[int]) -> None:
+    def publish(self, seq_id: Hashable, hashes: Sequence[bytes], token_ids: Sequence[int],
+                root: bytes | None = None) -> None:
         """Offers the first ``len(hashes)`` blocks of ``seq_id`` to the prefix cache: full blocks
-        of committed tokens (``token_ids`` starts with them), ``hashes`` their chain. A no-op
-        without prefix caching; a block whose content is already cached elsewhere stays private."""
+        of committed tokens (``token_ids`` starts with them), ``hashes`` their chain from
+        ``root`` (None: the identity key). A no-op without prefix caching; a block whose content
+        is already cached elsewhere stays private."""
         length = self._length(seq_id)
         if self.prefix is None:
             return
@@ -191,9 +194,10 @@ class BlockManager:
             raise ValueError(f"{len(hashes)} block hashes for seq_id={seq_id!r} of length {length}: "
                              "expected only full blocks")
         table, bs = self._tables[seq_id], self.block_size
+        root = self.prefix.root if root is None else root
         for i in range(self._published[seq_id], len(hashes)):
-            self.prefix.register(table[i], hashes[i], hashes[i - 1] if i else self.prefix.root,
-                                 token_ids[i * bs : (i + 1) * bs])
+            self.prefix.register(table[i], hashes[i], hashes[i - 1] if i else root, token_ids[i * bs : (i + 1) * bs],
+                                 first=i == 0)
         self._published[seq_id] = max(self._published[seq_id], len(hashes))
 
     def slot_mapping(self, seq_id: Hashable, start: int, end: int) -> list[int]:

@@ -105,7 +105,7 @@ def _self_draft(draft: str) -> tuple[str, int] | None:
 
 
 def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks: int,
-                     block_size: int) -> Drafter:
+                     block_size: int, prefix_caching: bool) -> Drafter:
     try:
         head = load_head(path or shipped_head(kind), model)
     except ValueError as error:
@@ -114,7 +114,7 @@ def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks:
         raise ValueError(f"draft={kind!r} names the {kind} head shipped for the embedded model, which "
                          f"does not fit this model ({error}); train one with `verispec train-drafter "
                          f"--kind {kind} --model ...` and pass its file as draft") from None
-    return EagleDrafter(head, num_blocks, block_size) if kind == "eagle" else MedusaDrafter(head)
+    return EagleDrafter(head, num_blocks, block_size, prefix_caching) if kind == "eagle" else MedusaDrafter(head)
 
 
 def kv_blocks_for(model: LlamaModel, memory_gib: float, block_size: int) -> int:
@@ -220,7 +220,8 @@ class LLM:
                                         draft_model_cost(draft_model, self.model, spec.row_cost))
         elif method in LEARNED_METHODS:
             drafter = _learned_drafter(method.removeprefix(HYBRID), draft_path, self.model,
-                                       kv_blocks_for(self.model, kv_cache_gib, block_size), block_size)
+                                       kv_blocks_for(self.model, kv_cache_gib, block_size), block_size,
+                                       enable_prefix_caching)
             if method.startswith(HYBRID):
                 drafter = HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens),
                                         drafter)

@@ -5,8 +5,10 @@ Plain Python, no tensors. Terms (block and sequence as in kv_cache.py):
 - a *full* block holds ``block_size`` committed tokens of a sequence: tokens the request keeps,
   never draft slots that verification may still roll back;
 - its *hash* is a chain, ``H(parent hash, its token ids)``; the first block's parent is the
-  *identity key*, a digest of everything else that decides the keys and values (the model,
-  its dtype), so two blocks match only when the whole token prefix and the model match;
+  chain's *root*: the cache's *identity key*, a digest of everything else that decides the keys
+  and values (the model, its dtype), so two blocks match only when the whole token prefix and
+  the model match (a cache whose first block also depends on something else, such as EAGLE's
+  head on the token before its first position, starts its chains from a root derived from it);
 - a *cached* block is a full block registered under its hash; while no sequence holds it, it
   is *evictable*: reusable by a request with the same prefix until a fresh block is needed,
   least recently released first.
@@ -90,10 +92,12 @@ class PrefixIndex:
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
-    def lookup(self, hashes: Sequence[bytes], token_ids: Sequence[int], block_size: int) -> list[int]:
-        """The blocks of the longest cached prefix of a token list whose block chain is `hashes`."""
+    def lookup(self, hashes: Sequence[bytes], token_ids: Sequence[int], block_size: int,
+               root: bytes | None = None) -> list[int]:
+        """The blocks of the longest cached prefix of a token list whose block chain is `hashes`,
+        started from `root` (None: the identity key)."""
         found: list[int] = []
-        parent = self.root
+        parent = self.root if root is None else root
         for i, h in enumerate(hashes):
             block = self._by_hash.get(h)
             if block is None:
@@ -105,10 +109,11 @@ class PrefixIndex:
             parent = h
         return found
 
-    def register(self, block: int, h: bytes, parent: bytes, token_ids: Sequence[int]) -> bool:
-        """Publishes a full block held by a sequence; False (nothing changes) when that content
-        is already cached in another block, or its parent is not cached (no lookup could reach it)."""
-        if h in self._by_hash or block in self._entries or (parent != self.root and parent not in self._by_hash):
+    def register(self, block: int, h: bytes, parent: bytes, token_ids: Sequence[int], first: bool) -> bool:
+        """Publishes a full block held by a sequence (`first`: the first of its chain, `parent`
+        the root); False (nothing changes) when that content is already cached in another
+        block, or its parent is not cached (no lookup could reach it)."""
+        if h in self._by_hash or block in self._entries or (not first and parent not in self._by_hash):
             return False
         self._by_hash[h] = block
         self._entries[block] = CachedBlock(h, parent, tuple(token_ids))
