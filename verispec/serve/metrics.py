@@ -7,6 +7,7 @@ its request's SpecDecodeStats, so they also count requests that are later aborte
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -118,7 +119,7 @@ class _PrefixCacheCounters(Collector):
     def __init__(self, stats: PrefixCacheStats) -> None:
         self.stats = stats
 
-    def collect(self):
+    def collect(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily(f"{PREFIX}_prefix_cache_queries", "Tokens looked up in the prefix cache "
                                   "at admission (every sequence's, CFG companions included).", value=self.stats.queries)
         yield CounterMetricFamily(f"{PREFIX}_prefix_cache_hits", "Tokens found in the prefix cache at admission.",
