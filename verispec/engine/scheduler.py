@@ -159,14 +159,17 @@ class Scheduler:
         """Moves a waiting request to running with its share of the step; None when it does not
         fit (then nothing later is admitted either: skipping it could starve a large request)."""
         hits = self._cached_prefixes(request)
-        plan = self._plan(request, budget, [len(h) * self.blocks.block_size for h in hits])
+        for seq, hit in zip(request.seqs, hits):  # planned as if its cached prefix were computed
+            seq.num_computed = len(hit) * self.blocks.block_size
+        plan = self._plan(request, budget)
         if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
                 or not self._fits(request, plan, hits):
+            for seq in request.seqs:
+                seq.num_computed = 0  # a waiting request holds nothing
             return None
         self.waiting.remove(request)
         for seq, hit in zip(request.seqs, hits):
             self.blocks.allocate(seq.seq_id, 0, cached=hit)
-            seq.num_computed = len(hit) * self.blocks.block_size
             self.prefix_stats.queries += request.num_tokens(seq)
             self.prefix_stats.hits += seq.num_computed
         if request.num_cached_tokens is None:
@@ -239,13 +242,9 @@ class Scheduler:
             hits.append(self.blocks.cached_prefix(hashes[: limit // size], tokens))
         return hits
 
-    def _plan(self, request: Request, budget: int, computed: list[int] | None = None) -> ScheduledRequest | None:
-        """The request's share of a step within `budget` tokens; None when it cannot move.
-        `computed`: per sequence, its tokens already in the cache if not its num_computed (a
-        request being admitted with cached prefixes)."""
-        if computed is None:
-            computed = [s.num_computed for s in request.seqs]
-        pending = [request.num_tokens(s) - c for s, c in zip(request.seqs, computed)]
+    def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
+        """The request's share of a step within `budget` tokens; None when it cannot move."""
+        pending = [request.num_pending(s) for s in request.seqs]
         num_seqs = len(pending)
         k = self.max_draft_slots(request)
         spare = budget - sum(pending)
