@@ -148,9 +148,9 @@ class LLMEngine:
                 if self.tree is None else \
                 TreeGate(spec.num_draft_tokens, min(len(branching(self.tree)), spec.num_draft_tokens),
                          spec.row_cost, draft_cost=cost)
-        # Every chain hash starts from the model and its dtype: a block's keys and values are
-        # a function of these and the token prefix alone.
-        root = identity_key("target", type(model).__name__, model.config, next(model.parameters()).dtype) \
+        # Every chain hash starts from the model, its dtype and whether its weights are
+        # quantized: a block's keys and values are a function of these and the token prefix alone.
+        root = identity_key("target", type(model).__name__, model.config, model.dtype, model.quantized) \
             if config.cache.enable_prefix_caching else None
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root)
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
