@@ -33,6 +33,16 @@ def test_generate_streams_text_and_prints_a_summary(checkpoint, capsys) -> None:
     assert code == 0
     assert len(out.split()) == 12 and all(w.startswith("t") for w in out.split())
     assert "12 tokens in" in err and "tok/s" in err and "finish: length" in err
+    assert "0 of 7 prompt tokens cached" in err  # a fresh process has nothing cached
+
+
+def test_no_prefix_caching_gives_the_same_text(checkpoint, capsys) -> None:
+    texts = []
+    for option in ("--prefix-caching", "--no-prefix-caching"):
+        assert main(["generate", "--model", checkpoint, "--no-chat", "--temperature", "0", "--max-tokens", "8",
+                     option, "t4 t5 t4 t5"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
 
 
 def test_speculation_does_not_change_greedy_text(checkpoint, capsys) -> None:

@@ -119,6 +119,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
     parser.add_argument("--quantize-group-size", type=int, default=32, choices=[32, 64, 128],
                         help="weights per scale with --quantize (default: 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV cache of prompt prefixes already computed (shared system "
+                             "prompts, negative prompts); output is the same either way (default: on)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
@@ -301,7 +304,8 @@ def serve(args: argparse.Namespace) -> int:
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
               dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, tree=args.tree,
-              quantization=args.quantize, quantization_group_size=args.quantize_group_size)
+              quantization=args.quantize, quantization_group_size=args.quantize_group_size,
+              enable_prefix_caching=args.prefix_caching)
     uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits), args.host, args.port,
                                  limits)).run()
     return 0
@@ -322,7 +326,8 @@ def generate(args: argparse.Namespace) -> int:
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
               dtype=args.dtype, device=args.device, tree=args.tree,
-              quantization=args.quantize, quantization_group_size=args.quantize_group_size)
+              quantization=args.quantize, quantization_group_size=args.quantize_group_size,
+              enable_prefix_caching=args.prefix_caching)
     prompt: str | list[int] = args.prompt
     if args.chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -341,8 +346,9 @@ def generate(args: argparse.Namespace) -> int:
         f", acceptance rate {stats.acceptance_rate:.2f}, mean acceptance length {stats.mean_acceptance_length:.2f}"
         if stats.num_draft_tokens else ", no drafts verified"
     )
-    print(f"[{tokens} tokens in {elapsed:.2f} s, {tokens / elapsed:.1f} tok/s{spec}; finish: {last.finish_reason}]",
-          file=sys.stderr)
+    cached = f"; {last.num_cached_tokens or 0} of {len(last.prompt_token_ids)} prompt tokens cached"
+    print(f"[{tokens} tokens in {elapsed:.2f} s, {tokens / elapsed:.1f} tok/s{spec}{cached}; "
+          f"finish: {last.finish_reason}]", file=sys.stderr)
     return 0
 
 

@@ -72,14 +72,22 @@ def _positive_int(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache: `num_blocks` blocks of `block_size` token slots, per model."""
+    """Paged KV cache: `num_blocks` blocks of `block_size` token slots, per model.
+
+    enable_prefix_caching: keep the full blocks of committed tokens under a hash of their whole
+        token prefix and let later requests with the same prefix start from them (vLLM's
+        automatic prefix caching; verispec/engine/prefix_cache.py). Output is the same either way.
+    """
 
     block_size: int = 16
     num_blocks: int = 1024
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
         _positive_int("num_blocks", self.num_blocks)
+        _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
+                 self.enable_prefix_caching, "True or False")
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,15 @@ def test_metrics_count_the_accepted_tokens_of_the_outputs(client, server) -> Non
     assert {"verispec_requests_running", "verispec_kv_blocks_free", "verispec_time_to_first_token_seconds",
             "verispec_inter_token_latency_seconds", "verispec_spec_decode_mean_acceptance_length",
             "verispec_spec_decode_accepted_tokens_per_position"} <= families
+
+
+def test_metrics_report_the_prefix_cache(client, server) -> None:
+    base = server[0]
+    before = {name: _metric(base, f"verispec_prefix_cache_{name}") for name in ("queries_total", "hits_total")}
+    prompt = " ".join(["the cat sat on the mat and looked at the dog"] * 6)  # several full blocks
+    for _ in range(2):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    queries = _metric(base, "verispec_prefix_cache_queries_total") - before["queries_total"]
+    hits = _metric(base, "verispec_prefix_cache_hits_total") - before["hits_total"]
+    assert 0 < hits < queries  # the second request found the first one's blocks, not its last token
+    assert _metric(base, "verispec_prefix_cache_blocks") > 0

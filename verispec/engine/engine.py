@@ -45,6 +45,7 @@ from ..spec_decode.base import Drafter, DraftRequest, FedTokens
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
+from .prefix_cache import identity_key
 from .request import FinishReason, Request
 from .runner import Feed, ModelRunner
 from .scheduler import ScheduledRequest, Scheduler
@@ -71,6 +72,8 @@ class RequestOutput:
     # With SamplingParams.logprobs: one record per token of token_ids / new_token_ids.
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
+    # Prompt tokens taken from the prefix cache at admission (None before the request was admitted).
+    num_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,8 +148,13 @@ class LLMEngine:
                 if self.tree is None else \
                 TreeGate(spec.num_draft_tokens, min(len(branching(self.tree)), spec.num_draft_tokens),
                          spec.row_cost, draft_cost=cost)
-        self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config, self.blocks)
+        # Every chain hash starts from the model, its dtype and whether its weights are
+        # quantized: a block's keys and values are a function of these and the token prefix alone.
+        root = identity_key("target", type(model).__name__, model.config, model.dtype, model.quantized) \
+            if config.cache.enable_prefix_caching else None
+        self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root)
+        self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
+                                   lambda r: drafter.restorable_prefix(r.request_id, r.all_token_ids()))
         self.runner = ModelRunner(model, self.blocks)
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = set(model.config.eos_token_ids)
@@ -569,6 +577,7 @@ class LLMEngine:
             error=request.error,
             logprobs=None if request.logprobs is None else list(request.logprobs),
             new_logprobs=None if request.logprobs is None else request.logprobs[len(request.logprobs) - len(new_ids):],
+            num_cached_tokens=request.num_cached_tokens,
         )
 
 

@@ -4,7 +4,8 @@ Plain Python, no tensors: the model runner turns block tables and slot mappings 
 tensors. Terms, used throughout:
 
 - block: ``block_size`` consecutive KV slots in the cache, identified by an index in
-  ``[0, num_blocks)``; a block is either free or owned by exactly one sequence.
+  ``[0, num_blocks)``; a block is free or held by one or more sequences (its reference count).
+  Only cached blocks (prefix caching, below) are ever held by more than one sequence.
 - sequence: anything with its own KV history (a request, or the unconditional CFG companion of
   one), identified by a hashable ``seq_id``.
 - length: the number of KV slots a sequence holds. Position ``i`` of a sequence lives in slot
@@ -18,12 +19,22 @@ to the pool at once. Methods come in check-then-act pairs (``can_allocate``/``al
 unknown or duplicate ``seq_id``, a range outside the sequence) raise ``ValueError``.
 
 Free blocks are kept on a stack, so the most recently freed block is reused first; a fresh
-manager hands out blocks 0, 1, 2, ... in order. No prefix sharing: every block has one owner.
+manager hands out blocks 0, 1, 2, ... in order.
+
+Prefix caching (on when the manager is given an identity key; prefix_cache.py has the terms): a
+sequence's full blocks of committed tokens are `publish`ed under their chain hashes; a new
+sequence starts from the blocks of its longest cached prefix (`cached_prefix`, then `allocate`
+with them), sharing them read-only: a cached block is full, and a sequence only ever writes at
+or after its computed length. A cached block that no sequence holds counts as free but keeps its
+content until a fresh block is needed and no plain free block is left; then the least recently
+released one is evicted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+
+from .prefix_cache import PrefixIndex
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -33,19 +44,26 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 
 
 class BlockManager:
-    """Owns the free-block pool and the block table and length of every sequence."""
+    """Owns the free-block pool and the block table and length of every sequence.
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    prefix_root: the identity key of prefix caching (prefix_cache.identity_key), None to turn
+    it off."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None) -> None:
         self.num_blocks = _check_count("num_blocks", num_blocks, 1)
         self.block_size = _check_count("block_size", block_size, 1)
         # Reversed so that pop() hands out the lowest indices first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._refs = [0] * num_blocks
         self._tables: dict[Hashable, list[int]] = {}
         self._lengths: dict[Hashable, int] = {}
+        self._published: dict[Hashable, int] = {}  # per sequence, its first blocks already offered to the index
+        self.prefix = PrefixIndex(prefix_root) if prefix_root is not None else None
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a sequence may take: plain free ones and evictable cached ones."""
+        return len(self._free) + (self.prefix.num_evictable if self.prefix is not None else 0)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` slots."""
@@ -71,31 +89,55 @@ class BlockManager:
         self._length(seq_id)
         return list(self._tables[seq_id])
 
-    def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
-        """False if ``seq_id`` already exists or the pool lacks the blocks for ``num_tokens``."""
-        _check_count("num_tokens", num_tokens, 0)
-        return seq_id not in self._lengths and self.blocks_for(num_tokens) <= len(self._free)
+    def ref_count(self, block: int) -> int:
+        """How many sequences hold `block`."""
+        return self._refs[block]
 
-    def allocate(self, seq_id: Hashable, num_tokens: int) -> None:
-        """Start sequence ``seq_id`` with length ``num_tokens`` (0 allowed)."""
+    def cached_prefix(self, hashes: Sequence[bytes], token_ids: Sequence[int], root: bytes | None = None) -> list[int]:
+        """The cached blocks of the longest cached prefix of `token_ids`, whose full blocks'
+        chain from `root` (None: the identity key) is `hashes` (prefix_cache.extend_chain); []
+        without prefix caching."""
+        return self.prefix.lookup(hashes, token_ids, self.block_size, root) if self.prefix is not None else []
+
+    def blocks_taken(self, cached: Sequence[int]) -> int:
+        """How many free blocks mapping `cached` (cached_prefix's blocks) would use up: the
+        evictable ones among them."""
+        return sum(1 for b in set(cached) if self._refs[b] == 0)
+
+    def can_allocate(self, seq_id: Hashable, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """False if ``seq_id`` already exists or the pool lacks the blocks for ``num_tokens``
+        after the ``cached`` blocks."""
+        _check_count("num_tokens", num_tokens, 0)
+        return seq_id not in self._lengths and \
+            self.blocks_for(num_tokens) + self.blocks_taken(cached) <= self.num_free_blocks
+
+    def allocate(self, seq_id: Hashable, num_tokens: int, cached: Sequence[int] = ()) -> None:
+        """Start sequence ``seq_id`` from the ``cached`` blocks (cached_prefix's, 0 or more),
+        then ``num_tokens`` (0 allowed) slots in fresh blocks: its length is
+        ``len(cached) * block_size + num_tokens``."""
         _check_count("num_tokens", num_tokens, 0)
         if seq_id in self._lengths:
             raise ValueError(f"seq_id={seq_id!r} is already allocated")
+        if any(self.prefix is None or not self.prefix.is_cached(b) for b in cached):
+            raise ValueError(f"cached={list(cached)!r} for seq_id={seq_id!r}: expected cached blocks")
         needed = self.blocks_for(num_tokens)
-        if needed > len(self._free):
+        if needed + self.blocks_taken(cached) > self.num_free_blocks:
             raise RuntimeError(
                 f"cannot allocate seq_id={seq_id!r}: {num_tokens} tokens need {needed} blocks, "
-                f"{len(self._free)} free"
+                f"{self.num_free_blocks - self.blocks_taken(cached)} free"
             )
-        self._tables[seq_id] = [self._free.pop() for _ in range(needed)]
-        self._lengths[seq_id] = num_tokens
+        for block in cached:
+            self._hold(block)
+        self._tables[seq_id] = list(cached) + [self._take() for _ in range(needed)]
+        self._lengths[seq_id] = len(cached) * self.block_size + num_tokens
+        self._published[seq_id] = len(cached)
 
     def can_append(self, seq_id: Hashable, n: int) -> bool:
         """Whether ``seq_id`` can grow by ``n`` slots; raises ValueError for an unknown id."""
         _check_count("n", n, 0)
         length = self._length(seq_id)
         needed = self.blocks_for(length + n) - len(self._tables[seq_id])
-        return needed <= len(self._free)
+        return needed <= self.num_free_blocks
 
     def append(self, seq_id: Hashable, n: int) -> None:
         """Grow ``seq_id`` by ``n`` slots (e.g. K + 1 before a verification step)."""
@@ -103,12 +145,12 @@ class BlockManager:
         length = self._length(seq_id)
         table = self._tables[seq_id]
         needed = self.blocks_for(length + n) - len(table)
-        if needed > len(self._free):
+        if needed > self.num_free_blocks:
             raise RuntimeError(
                 f"cannot append {n} tokens to seq_id={seq_id!r} (length {length}): "
-                f"needs {needed} more blocks, {len(self._free)} free"
+                f"needs {needed} more blocks, {self.num_free_blocks} free"
             )
-        table.extend(self._free.pop() for _ in range(needed))
+        table.extend(self._take() for _ in range(needed))
         self._lengths[seq_id] = length + n
 
     def truncate(self, seq_id: Hashable, n: int) -> None:
@@ -123,8 +165,9 @@ class BlockManager:
         keep = self.blocks_for(length - n)
         # Freed last-first so the stack hands them back in their original order.
         while len(table) > keep:
-            self._free.append(table.pop())
+            self._drop(table.pop())
         self._lengths[seq_id] = length - n
+        self._published[seq_id] = min(self._published[seq_id], keep)
 
     def free(self, seq_id: Hashable) -> None:
         """Release every block of ``seq_id``; an unknown id is a no-op (idempotent cleanup)."""
@@ -132,7 +175,30 @@ class BlockManager:
         if table is None:
             return
         del self._lengths[seq_id]
-        self._free.extend(reversed(table))
+        del self._published[seq_id]
+        # Last block first: the free stack hands them back in order, and a chain's deeper
+        # cached blocks are evicted before the prefix they extend.
+        for block in reversed(table):
+            self._drop(block)
+
+    def publish(self, seq_id: Hashable, hashes: Sequence[bytes], token_ids: Sequence[int],
+                root: bytes | None = None) -> None:
+        """Offers the first ``len(hashes)`` blocks of ``seq_id`` to the prefix cache: full blocks
+        of committed tokens (``token_ids`` starts with them), ``hashes`` their chain from
+        ``root`` (None: the identity key). A no-op without prefix caching; a block whose content
+        is already cached elsewhere stays private."""
+        length = self._length(seq_id)
+        if self.prefix is None:
+            return
+        if len(hashes) * self.block_size > length:
+            raise ValueError(f"{len(hashes)} block hashes for seq_id={seq_id!r} of length {length}: "
+                             "expected only full blocks")
+        table, bs = self._tables[seq_id], self.block_size
+        root = self.prefix.root if root is None else root
+        for i in range(self._published[seq_id], len(hashes)):
+            self.prefix.register(table[i], hashes[i], hashes[i - 1] if i else root, token_ids[i * bs : (i + 1) * bs],
+                                 first=i == 0)
+        self._published[seq_id] = max(self._published[seq_id], len(hashes))
 
     def slot_mapping(self, seq_id: Hashable, start: int, end: int) -> list[int]:
         """Flat cache slots of positions ``[start, end)`` of ``seq_id``."""
@@ -144,3 +210,22 @@ class BlockManager:
             )
         table, bs = self._tables[seq_id], self.block_size
         return [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
+
+    def _take(self) -> int:
+        """A fresh block: a plain free one, else the least recently released cached one."""
+        block = self._free.pop() if self._free else self.prefix.evict()
+        self._refs[block] = 1
+        return block
+
+    def _hold(self, block: int) -> None:
+        if self._refs[block] == 0:
+            self.prefix.unpark(block)
+        self._refs[block] += 1
+
+    def _drop(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            if self.prefix is not None and self.prefix.is_cached(block):
+                self.prefix.park(block)
+            else:
+                self._free.append(block)

@@ -105,7 +105,7 @@ def _self_draft(draft: str) -> tuple[str, int] | None:
 
 
 def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks: int,
-                     block_size: int) -> Drafter:
+                     block_size: int, prefix_caching: bool) -> Drafter:
     try:
         head = load_head(path or shipped_head(kind), model)
     except ValueError as error:
@@ -114,7 +114,7 @@ def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks:
         raise ValueError(f"draft={kind!r} names the {kind} head shipped for the embedded model, which "
                          f"does not fit this model ({error}); train one with `verispec train-drafter "
                          f"--kind {kind} --model ...` and pass its file as draft") from None
-    return EagleDrafter(head, num_blocks, block_size) if kind == "eagle" else MedusaDrafter(head)
+    return EagleDrafter(head, num_blocks, block_size, prefix_caching) if kind == "eagle" else MedusaDrafter(head)
 
 
 def kv_blocks_for(model: LlamaModel, memory_gib: float, block_size: int) -> int:
@@ -148,6 +148,8 @@ class LLM:
         "float32" or "bfloat16" (a .gguf file widened to it).
     quantization: None, or "int4" / "int8": weight-only round-to-nearest at load, one scale per
         group of `quantization_group_size` weights (32, 64, 128); "gguf" as dtype "auto" does.
+    enable_prefix_caching: reuse the KV cache of prompt prefixes already computed
+        (CacheConfig.enable_prefix_caching); False computes every prompt in full.
     """
 
     def __init__(
@@ -168,6 +170,7 @@ class LLM:
         tree: TreeShape | None = None,
         quantization: str | None = None,
         quantization_group_size: int = 32,
+        enable_prefix_caching: bool = True,
     ) -> None:
         torch_dtype, quantization = resolve_weights(model, dtype, quantization, device)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
@@ -188,7 +191,7 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=EngineConfig.max_model_len if max_model_len is None else max_model_len,
-            cache=CacheConfig(block_size),
+            cache=CacheConfig(block_size, enable_prefix_caching=enable_prefix_caching),
             speculative=spec,
         )
         self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress,
@@ -217,14 +220,15 @@ class LLM:
                                         draft_model_cost(draft_model, self.model, spec.row_cost))
         elif method in LEARNED_METHODS:
             drafter = _learned_drafter(method.removeprefix(HYBRID), draft_path, self.model,
-                                       kv_blocks_for(self.model, kv_cache_gib, block_size), block_size)
+                                       kv_blocks_for(self.model, kv_cache_gib, block_size), block_size,
+                                       enable_prefix_caching)
             if method.startswith(HYBRID):
                 drafter = HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens),
                                         drafter)
         config = dataclasses.replace(
             limits,
             max_model_len=min(positions, 8192) if max_model_len is None else max_model_len,
-            cache=CacheConfig(block_size, kv_blocks_for(self.model, kv_cache_gib, block_size)),
+            cache=dataclasses.replace(limits.cache, num_blocks=kv_blocks_for(self.model, kv_cache_gib, block_size)),
         )
         self.engine = LLMEngine(self.model, self.tokenizer, config, drafter)
         self._outboxes: dict[str, deque[RequestOutput]] = {}  # per request id, outputs not yet read

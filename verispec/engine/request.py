@@ -41,6 +41,8 @@ class Sequence:
     seq_id: str
     prefix_token_ids: list[int]  # the prompt (conditional) or the negative prompt (companion)
     num_computed: int = 0
+    # Chain hashes of its first full blocks (prefix_cache.py), kept across preemption: tokens only grow.
+    block_hashes: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     seqs: list[Sequence] = field(init=False)
 

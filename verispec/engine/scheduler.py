@@ -10,6 +10,11 @@ Plain Python over the BlockManager. Each step:
    the oldest waiting request of the group with the fewest running requests, so a request that
    fans out into thousands of sequences takes turns with later ones instead of queueing them
    all behind it. Requests without a group are each their own: admission in arrival order.
+With prefix caching (kv_cache.py), an admitted sequence starts from the cached blocks of its
+longest cached prefix and computes the rest; its last token is never taken from the cache,
+since its row must be fed to give logits (vLLM does the same). Full blocks of committed tokens
+are published after every step, and before a request's blocks are freed (finished or
+preempted), so a preempted request usually finds its own prefix again.
 A prompt longer than the remaining budget is prefilled in chunks. A chunk never completes a
 sequence unless the request samples in that step, so the row of its last pending token is
 always fed together with its drafts. A CFG request's two sequences move as one unit: their
@@ -29,11 +34,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import EngineConfig
 from .kv_cache import BlockManager
-from .request import FinishReason, Request, RequestStatus
+from .prefix_cache import PrefixCacheStats, extend_chain
+from .request import FinishReason, Request, RequestStatus, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +69,16 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager) -> None:
+    """prefix_limit: of a request being admitted, how many leading tokens of its conditional
+    sequence may come from the prefix cache (a drafter that must see the target's hidden state
+    of every token limits it; LLMEngine); None: no limit."""
+
+    def __init__(self, config: EngineConfig, blocks: BlockManager,
+                 prefix_limit: Callable[[Request], int] | None = None) -> None:
         self.config = config
         self.blocks = blocks
+        self.prefix_limit = prefix_limit
+        self.prefix_stats = PrefixCacheStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in arrival order
 
@@ -84,8 +98,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        for seq in request.seqs:
-            self.blocks.free(seq.seq_id)
+        self._free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
@@ -145,13 +158,22 @@ class Scheduler:
     def _admit(self, request: Request, budget: int) -> ScheduledRequest | None:
         """Moves a waiting request to running with its share of the step; None when it does not
         fit (then nothing later is admitted either: skipping it could starve a large request)."""
+        hits = self._cached_prefixes(request)
+        for seq, hit in zip(request.seqs, hits):  # planned as if its cached prefix were computed
+            seq.num_computed = len(hit) * self.blocks.block_size
         plan = self._plan(request, budget)
         if plan is None or not all(self.blocks.can_allocate(s.seq_id, 0) for s in request.seqs) \
-                or not self._fits(request, plan):
+                or not self._fits(request, plan, hits):
+            for seq in request.seqs:
+                seq.num_computed = 0  # a waiting request holds nothing
             return None
         self.waiting.remove(request)
-        for seq in request.seqs:
-            self.blocks.allocate(seq.seq_id, 0)
+        for seq, hit in zip(request.seqs, hits):
+            self.blocks.allocate(seq.seq_id, 0, cached=hit)
+            self.prefix_stats.queries += request.num_tokens(seq)
+            self.prefix_stats.hits += seq.num_computed
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = min(request.seqs[0].num_computed, len(request.prompt_token_ids))
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self._reserve(request, plan)
@@ -189,6 +211,36 @@ class Scheduler:
         for seq, fed in zip(planned.request.seqs, planned.num_new):
             seq.num_computed += fed + num_accepted
             self.blocks.truncate(seq.seq_id, planned.num_draft_slots - num_accepted)
+            self._publish(planned.request, seq)
+
+    def _publish(self, request: Request, seq: Sequence) -> None:
+        """Offers the sequence's full blocks of committed tokens to the prefix cache. Accepted
+        drafts are computed before they join the output (the engine appends them after the
+        commit), so a block they complete is published a step later."""
+        if self.blocks.prefix is None or not self.blocks.has(seq.seq_id):
+            return
+        tokens = request.all_token_ids(seq)
+        num_full = min(seq.num_computed, len(tokens)) // self.blocks.block_size
+        hashes = extend_chain(seq.block_hashes, self.blocks.prefix.root, tokens, self.blocks.block_size,
+                              num_full * self.blocks.block_size)
+        self.blocks.publish(seq.seq_id, hashes[:num_full], tokens)
+
+    def _cached_prefixes(self, request: Request) -> list[list[int]]:
+        """Per sequence, the cached blocks it would start from if admitted now: its longest
+        cached prefix short of its last token (whose row must be fed for logits), within
+        prefix_limit for the conditional sequence."""
+        if self.blocks.prefix is None:
+            return [[] for _ in request.seqs]
+        hits = []
+        size = self.blocks.block_size
+        for seq in request.seqs:
+            tokens = request.all_token_ids(seq)
+            limit = len(tokens) - 1
+            if seq is request.seqs[0] and self.prefix_limit is not None:
+                limit = min(limit, self.prefix_limit(request))
+            hashes = extend_chain(seq.block_hashes, self.blocks.prefix.root, tokens, size, limit)
+            hits.append(self.blocks.cached_prefix(hashes[: limit // size], tokens))
+        return hits
 
     def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
         """The request's share of a step within `budget` tokens; None when it cannot move."""
@@ -219,11 +271,14 @@ class Scheduler:
     def _cost(plan: ScheduledRequest) -> int:
         return sum(plan.num_new) + plan.num_draft_slots * len(plan.num_new)
 
-    def _fits(self, request: Request, plan: ScheduledRequest) -> bool:
+    def _fits(self, request: Request, plan: ScheduledRequest, hits: list[list[int]] | None = None) -> bool:
+        """Whether the plan's slots fit, after mapping `hits` (per sequence, the cached blocks a
+        request being admitted starts from)."""
         # Both sequences of a CFG pair must fit together, hence one sum, not can_append per sequence.
-        needed = 0
-        for seq, fed in zip(request.seqs, plan.num_new):
-            have = self.blocks.num_tokens(seq.seq_id) if self.blocks.has(seq.seq_id) else 0
+        hits = hits or [[] for _ in request.seqs]
+        needed = self.blocks.blocks_taken([b for hit in hits for b in hit])
+        for seq, fed, hit in zip(request.seqs, plan.num_new, hits):
+            have = self.blocks.num_tokens(seq.seq_id) if self.blocks.has(seq.seq_id) else len(hit) * self.blocks.block_size
             needed += self.blocks.blocks_for(have + fed + plan.num_draft_slots) - self.blocks.blocks_for(have)
         return needed <= self.blocks.num_free_blocks
 
@@ -245,10 +300,16 @@ class Scheduler:
                     f"at {self.blocks.block_size} per block) but the cache has {self.blocks.num_blocks}")
         return None
 
+    def _free(self, request: Request) -> None:
+        """Publishes the request's committed full blocks, then releases all its blocks."""
+        for seq in request.seqs:
+            self._publish(request, seq)
+            self.blocks.free(seq.seq_id)
+
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self._free(request)
         for seq in request.seqs:
-            self.blocks.free(seq.seq_id)
             seq.num_computed = 0
         request.status = RequestStatus.WAITING
         # Back to the front of the queue, ahead of requests that arrived after it.

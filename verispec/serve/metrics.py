@@ -7,11 +7,15 @@ its request's SpecDecodeStats, so they also count requests that are later aborte
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from ..engine.engine import LLMEngine, RequestOutput
+from ..engine.prefix_cache import PrefixCacheStats
 from ..spec_decode.metrics import SpecDecodeStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -40,8 +44,11 @@ class ServeMetrics:
             lambda: len(scheduler.waiting))
         Gauge(f"{PREFIX}_kv_blocks_used", "KV cache blocks allocated.", registry=r).set_function(
             lambda: blocks.num_blocks - blocks.num_free_blocks)
-        Gauge(f"{PREFIX}_kv_blocks_free", "KV cache blocks free.", registry=r).set_function(
-            lambda: blocks.num_free_blocks)
+        Gauge(f"{PREFIX}_kv_blocks_free", "KV cache blocks free (cached ones no request holds included).",
+              registry=r).set_function(lambda: blocks.num_free_blocks)
+        r.register(_PrefixCacheCounters(scheduler.prefix_stats))
+        Gauge(f"{PREFIX}_prefix_cache_blocks", "KV cache blocks holding cached prefixes (held or evictable).",
+              registry=r).set_function(lambda: blocks.prefix.num_cached if blocks.prefix is not None else 0)
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of queued requests.", registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "From queueing to the first token.",
@@ -103,6 +110,20 @@ class ServeMetrics:
             if count:
                 self.accepted_per_position.labels(position=str(position)).inc(count)
         before.merge(delta)
+
+
+class _PrefixCacheCounters(Collector):
+    """The scheduler's prefix-cache token counts as counters (vLLM's prefix_cache_queries /
+    prefix_cache_hits), read when scraped: the engine thread only bumps two integers."""
+
+    def __init__(self, stats: PrefixCacheStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(f"{PREFIX}_prefix_cache_queries", "Tokens looked up in the prefix cache "
+                                  "at admission (every sequence's, CFG companions included).", value=self.stats.queries)
+        yield CounterMetricFamily(f"{PREFIX}_prefix_cache_hits", "Tokens found in the prefix cache at admission.",
+                                  value=self.stats.hits)
 
 
 def _minus(a: list[int], b: list[int]) -> list[int]:

@@ -139,6 +139,16 @@ class Drafter(ABC):
         get the same K on every machine. This default: free."""
         return 0.0
 
+    def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of a request being admitted the target may take from its
+        prefix cache (verispec/engine/prefix_cache.py), so that their hidden states are never
+        observed, with this drafter still able to draft for it (or, recording, to record them).
+        A drafter may hold state for the request from here on (it is released as usual); the
+        engine asks again each time it tries to admit the request. This default: none for a
+        drafter that reads hidden states (it may need every token's), all of them otherwise (its
+        state comes from the token ids)."""
+        return 0 if self.hidden_layers else len(token_ids)
+
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         """Draft tokens for every request of the batch, in order."""

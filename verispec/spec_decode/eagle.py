@@ -22,6 +22,15 @@ by depth (tree attention: a node sees the confirmed positions and its own path);
 level overwrites the cache slots of the last, so drafting leaves only confirmed positions. A request without the features it needs (its drafter state
 was dropped mid-request, or a step drafted before its prompt's features arrived) gets no
 drafts this step: that costs speed, never exactness.
+
+Prefix caching (verispec/engine/prefix_cache.py): the target takes a prompt's cached prefix
+without feeding it, so its features never arrive; the head therefore keeps a prefix cache of
+its own, and the target skips only what the head has (`restorable_prefix`). Head position t
+holds (f_t, x_{t+1}), a function of the head, the target and x_0 .. x_{t+1}, so a head block's
+chain runs over x_1, x_2, ... from a root derived from x_0. `restorable_prefix` maps the head's
+longest cached prefix into the request's head cache at once (as confirmed positions), leaving
+at least one position to feed; a call publishes the full blocks of the positions confirmed by
+earlier calls (those were written: a call that raised has its request released).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 
 from ..config import DraftCost, DynamicTree
 from ..engine.kv_cache import BlockManager
+from ..engine.prefix_cache import block_hash, extend_chain, identity_key
 from ..engine.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab
@@ -47,13 +57,19 @@ EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
 
 
 class EagleDrafter(Drafter):
-    def __init__(self, head: EagleHead, num_blocks: int = 1024, block_size: int = 16) -> None:
+    """prefix_caching: keep the head's own prefix cache (module docstring); off, the target
+    computes every prompt token of a request this drafter serves. One drafter serves one target."""
+
+    def __init__(self, head: EagleHead, num_blocks: int = 1024, block_size: int = 16,
+                 prefix_caching: bool = True) -> None:
         self.head = head
         self.hidden_layers = head.config.hidden_layers
-        self.blocks = BlockManager(num_blocks, block_size)
+        identity = identity_key("eagle", head.config, next(head.parameters()).dtype) if prefix_caching else None
+        self.blocks = BlockManager(num_blocks, block_size, prefix_root=identity)
         self.runner = ModelRunner(head, self.blocks)
         self.store = FeatureStore()
         self._confirmed: dict[str, int] = {}  # head positions fed true features, per request
+        self._hashes: dict[str, list[bytes]] = {}  # per request, the chain of its head blocks
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         return EAGLE_COST(depth, num_requests)
@@ -65,6 +81,27 @@ class EagleDrafter(Drafter):
         self.store.release(request_id)
         self.blocks.free(request_id)
         self._confirmed.pop(request_id, None)
+        self._hashes.pop(request_id, None)
+
+    def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
+        if self.blocks.prefix is None:
+            return 0
+        self.release(request_id)  # what an earlier, unsuccessful admission mapped
+        # One position at least is left to feed: its row predicts the newest token's feature.
+        root, hashes = self._chain(request_id, token_ids, len(token_ids) - 2)
+        hit = self.blocks.cached_prefix(hashes, token_ids[1:], root)
+        if not self.blocks.can_allocate(request_id, 0, hit):
+            return 0
+        self.blocks.allocate(request_id, 0, cached=hit)
+        self._confirmed[request_id] = self.blocks.num_tokens(request_id)
+        return self._confirmed[request_id]
+
+    def _chain(self, request_id: str, token_ids: Sequence[int], num_positions: int) -> tuple[bytes, list[bytes]]:
+        """(root, chain hashes of the head blocks full within the first `num_positions` positions)."""
+        root = block_hash(self.blocks.prefix.root, token_ids[:1])
+        size = self.blocks.block_size
+        hashes = extend_chain(self._hashes.setdefault(request_id, []), root, token_ids[1:], size, max(0, num_positions))
+        return root, hashes[: max(0, num_positions) // size]
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
@@ -162,6 +199,9 @@ class EagleDrafter(Drafter):
         newest = len(tokens) - 1
         start, end = self.store.confirm(rid, tokens)
         confirmed = self._confirmed.get(rid, 0)
+        if self.blocks.prefix is not None and self.blocks.has(rid):
+            root, hashes = self._chain(rid, tokens, confirmed)
+            self.blocks.publish(rid, hashes, tokens[1:], root)
         if newest <= confirmed or start > confirmed or end < newest:
             return None
         if not self.blocks.has(rid):

@@ -59,6 +59,10 @@ class HybridDrafter(Drafter):
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, F]
         self.learned.observe(fed, hidden)
 
+    def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
+        return min(self.lookup.restorable_prefix(request_id, token_ids),
+                   self.learned.restorable_prefix(request_id, token_ids))
+
     def release(self, request_id: str) -> None:
         self.lookup.release(request_id)
         self.learned.release(request_id)

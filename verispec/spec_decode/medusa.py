@@ -42,6 +42,10 @@ class MedusaDrafter(Drafter):
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)
 
+    def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
+        # Only the newest token's feature is read, and the target always computes a prompt's last token.
+        return len(token_ids)
+
     def release(self, request_id: str) -> None:
         self.store.release(request_id)
 
