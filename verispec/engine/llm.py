@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
 from ..model import LlamaModel, load_model
-from ..model.loader import QUANTIZATIONS, default_model_path
+from ..model.loader import QUANTIZATIONS
 from ..sampling_params import SamplingParams
 from ..spec_decode.base import Drafter
 from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
