@@ -61,8 +61,8 @@ std::vector<std::string> supported_isas() {
 
 constexpr int64_t kBlock = 32;
 
-// x [M, K] float32 -> xq [M, K] int8, xd [M, K/32] float32, xs [M, K/32] int32, and for the
-// kernels xm [M, K/32] = xd * xs: per block, xd = amax / 127,
+// x [M, K] float32 -> xq [M, K] int8, xd [M, K/32] float32, and (where not null) xs [M, K/32]
+// int32 and, what the kernels read, xm [M, K/32] = xd * xs: per block, xd = amax / 127,
 // xq = round-half-even(x * (127 / amax)), xs = sum(xq).
 void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xd, int32_t* xs,
                    float* xm) {
@@ -80,8 +80,8 @@ void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* x
         sum += q;
       }
       xd[i] = amax / 127.0f;
-      xs[i] = sum;
-      xm[i] = xd[i] * static_cast<float>(sum);
+      if (xs != nullptr) xs[i] = sum;
+      if (xm != nullptr) xm[i] = xd[i] * static_cast<float>(sum);
     }
   });
 }
@@ -95,9 +95,8 @@ std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x) {
   auto xq = torch::empty({rows, k}, xc.options().dtype(torch::kInt8));
   auto xd = torch::empty({rows, k / kBlock}, xc.options());
   auto xs = torch::empty({rows, k / kBlock}, xc.options().dtype(torch::kInt32));
-  std::vector<float> xm(rows * (k / kBlock));
   quantize_into(xc.data_ptr<float>(), rows, k, xq.data_ptr<int8_t>(), xd.data_ptr<float>(),
-                xs.data_ptr<int32_t>(), xm.data());
+                xs.data_ptr<int32_t>(), nullptr);
   return {xq, xd, xs};
 }
 
@@ -129,9 +128,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torc
   if (rows == 0 || n == 0) return y;
   std::vector<int8_t> xq(rows * k);
   std::vector<float> xd(rows * groups);
-  std::vector<int32_t> xs(rows * groups);
   std::vector<float> xm(rows * groups);
-  quantize_into(xc.data_ptr<float>(), rows, k, xq.data(), xd.data(), xs.data(), xm.data());
+  quantize_into(xc.data_ptr<float>(), rows, k, xq.data(), xd.data(), nullptr, xm.data());
   QGemmArgs args{rows, n, k, xq.data(), xd.data(), xm.data(), w.data_ptr<uint8_t>(),
                  d.data_ptr(), m ? m->data_ptr() : nullptr, static_cast<int>(bits), fp32,
                  static_cast<int>(zero_point), y.data_ptr<float>(), n};

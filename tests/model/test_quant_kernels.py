@@ -150,7 +150,7 @@ def test_rtn_weight_times_activations_is_close_to_the_float_product(kernel) -> N
 @pytest.mark.parametrize("bits,minimum", [(4, True), (8, False)])
 def test_panels_hold_the_same_weight(bits, minimum) -> None:
     weight = _random_weight(13, 64, bits, minimum, torch.float16, seed=7)  # 13: a padded panel
-    panels = PanelWeight(weight)
+    panels = PanelWeight.from_rows(weight)
     assert panels.packed.shape == (2, 2, 32 * bits)
     back = panels.to_rows()
     assert torch.equal(back.packed, weight.packed) and torch.equal(back.d, weight.d)

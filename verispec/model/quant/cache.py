@@ -46,11 +46,8 @@ def _unpack(saved: dict) -> Weight:
     if saved["layout"] == "rows":
         return QuantizedWeight(saved["packed"], saved["d"], saved.get("m"), saved["bits"],
                                saved["zero_point"], saved["kind"])
-    panels = PanelWeight.__new__(PanelWeight)
-    panels.packed, panels.d, panels.m = saved["packed"], saved["d"], saved.get("m")
-    panels.bits, panels.zero_point, panels.kind = saved["bits"], saved["zero_point"], saved["kind"]
-    panels.shape = tuple(saved["shape"])
-    return panels
+    return PanelWeight(saved["packed"], saved["d"], saved.get("m"), saved["bits"],
+                       saved["zero_point"], saved["kind"], saved["shape"])
 
 
 def save(model: LlamaModel, tokenizer: Tokenizer, directory: Path) -> None:

@@ -100,7 +100,13 @@ class PanelWeight:
     each column's partial sum in its own lane. packed: [ceil(N / 8), K / 32, 32 * bits] uint8;
     d, m: [ceil(N / 8), K / 32, 8]; padding columns are zero."""
 
-    def __init__(self, weight: QuantizedWeight) -> None:
+    def __init__(self, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, bits: int,
+                 zero_point: int, kind: str, shape: tuple[int, int]) -> None:
+        self.packed, self.d, self.m = packed, d, m
+        self.bits, self.zero_point, self.kind, self.shape = bits, zero_point, kind, tuple(shape)
+
+    @classmethod
+    def from_rows(cls, weight: QuantizedWeight) -> PanelWeight:
         rows, columns = weight.shape
         panels, groups = -(-rows // PANEL), columns // BLOCK
         pad = panels * PANEL - rows
@@ -108,16 +114,14 @@ class PanelWeight:
         # 4c .. 4c+3 and 16+4c .. 16+4c+3 in their two nibbles (4 bits): exactly one panel chunk.
         # So panels are the rows' 4-byte words transposed, column by column within each block.
         words = _pad_rows(weight.packed, pad).view(torch.int32).view(panels, PANEL, groups, -1)
-        self.packed = words.permute(0, 2, 3, 1).contiguous().view(torch.uint8) \
-            .view(panels, groups, -1)
+        packed = words.permute(0, 2, 3, 1).contiguous().view(torch.uint8).view(panels, groups, -1)
 
         def panel_scales(t: torch.Tensor) -> torch.Tensor:
             return _pad_rows(t, pad).view(panels, PANEL, groups).transpose(1, 2).contiguous()
 
-        self.d = panel_scales(weight.d)
-        self.m = None if weight.m is None else panel_scales(weight.m)
-        self.bits, self.zero_point, self.kind = weight.bits, weight.zero_point, weight.kind
-        self.shape = weight.shape
+        return cls(packed, panel_scales(weight.d),
+                   None if weight.m is None else panel_scales(weight.m), weight.bits,
+                   weight.zero_point, weight.kind, weight.shape)
 
     @property
     def nbytes(self) -> int:

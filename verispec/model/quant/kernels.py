@@ -104,7 +104,7 @@ def prepare(weight: QuantizedWeight | PanelWeight,
     compiled kernels, rows for the fallback."""
     if (kernel or default_kernel()) == FALLBACK:
         return weight.to_rows() if isinstance(weight, PanelWeight) else weight
-    return weight if isinstance(weight, PanelWeight) else PanelWeight(weight)
+    return weight if isinstance(weight, PanelWeight) else PanelWeight.from_rows(weight)
 
 
 def qlinear(
@@ -118,6 +118,6 @@ def qlinear(
     if kernel == FALLBACK:
         return _torch_qlinear(x, weight.to_rows() if isinstance(weight, PanelWeight) else weight)
     if isinstance(weight, QuantizedWeight):
-        weight = PanelWeight(weight)
+        weight = PanelWeight.from_rows(weight)
     return _compiled.qlinear(x, weight.packed, weight.d, weight.m, weight.bits, weight.zero_point,
                       weight.shape[0], kernel)
