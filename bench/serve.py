@@ -1,21 +1,28 @@
-"""Serving on the embedded default model: `verispec serve` against `transformers serve`.
+"""Serving on the embedded default model: `verispec serve` against `transformers serve
+--continuous-batching` and llama.cpp's server, with the offline engine as the server's own bound.
 
-Each server runs as its own process on 127.0.0.1 with the same thread count, on the same weights
-(the dequantized SmolLM2-135M-Instruct checkpoint verispec caches) and the same chat prompts,
-greedy, streamed. For concurrency 1, 4 and 16 clients (threads, each sending its share of the
-requests back to back) it measures requests/s, output tokens/s (completions re-tokenized with the
-model's tokenizer, so both servers are counted alike), time to first token and inter-chunk
-latency (p50 / p99). Servers: verispec without speculation, verispec with n-gram drafts,
-transformers serve (with continuous batching when --hf-cb). Prints a table with the ratio to
-transformers, writes JSON.
+Each server runs as its own process on 127.0.0.1 with the same thread count and the same chat
+prompts, greedy, streamed: verispec serve and llama.cpp's `llama-server` on the embedded GGUF
+file (verispec runs its 4-bit blocks as stored; llama-server with one slot per client and
+continuous batching), transformers on the float32 checkpoint verispec converts from it (it
+cannot run the GGUF's blocks). For concurrency 1, 4 and 16 clients (threads, each sending its
+share of the requests back to back) it measures requests/s, output tokens/s (completions
+re-tokenized with the model's tokenizer, so every server is counted alike), time to first token
+and inter-chunk latency (p50 / p99). The `offline` rows run the same requests through
+LLM.chat with max_num_seqs = clients (bench/serve_offline.py), so server / offline is what the
+server costs. Prints a table with the ratio to transformers, writes JSON.
 
-    python bench/serve.py                          # 16 requests per level, 64 tokens each
-    python bench/serve.py --requests 8 --max-tokens 32 --concurrency 1 4
+    python bench/serve.py --llama-server ~/llama.cpp/build/bin/llama-server
+    python bench/serve.py --requests 8 --max-tokens 32 --concurrency 1 4 --servers verispec offline
+
+Servers: offline, offline-ngram, verispec, verispec-ngram, transformers-cb (continuous
+batching), transformers (its default: one request at a time), llama.cpp (needs --llama-server).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -30,7 +37,7 @@ import openai
 import torch
 from common import write_json
 
-from verispec.model.loader import converted_checkpoint_dir
+from verispec.model.loader import converted_checkpoint_dir, default_model_path
 from verispec.model.tokenizer import Tokenizer
 
 PROMPTS = [
@@ -44,6 +51,8 @@ PROMPTS = [
     "Write a haiku about the sea.",
 ]
 
+SERVERS = ("offline", "offline-ngram", "verispec", "verispec-ngram", "transformers-cb", "transformers", "llama.cpp")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -51,10 +60,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, threads: int, hf_cb: bool) -> tuple[subprocess.Popen, str, str]:
+def start(name: str, threads: int, slots: int, llama_server: Path | None) -> tuple[subprocess.Popen, str, str]:
     """(process, base url, model name) of a server that answers /health."""
     port = free_port()
-    checkpoint = str(converted_checkpoint_dir())
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     bin_dir = Path(sys.executable).parent
     if name.startswith("verispec"):
@@ -62,10 +70,19 @@ def start(name: str, threads: int, hf_cb: bool) -> tuple[subprocess.Popen, str, 
         command = [str(bin_dir / "verispec"), "serve", "--port", str(port), "--threads", str(threads),
                    "--draft", draft, "--served-model-name", "smollm2"]
         model = "smollm2"
+    elif name == "llama.cpp":
+        if llama_server is None:
+            raise SystemExit("--servers llama.cpp needs --llama-server PATH (llama.cpp's llama-server binary)")
+        # One slot per client, each with room for a prompt and its completion; continuous batching.
+        command = [str(llama_server), "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
+                   "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(512 * slots),
+                   "--cont-batching", "--no-webui"]
+        model = "smollm2"
     else:
-        command = [str(bin_dir / "transformers"), "serve", checkpoint, "--port", str(port), "--device", "cpu"]
-        command += ["--continuous-batching"] if hf_cb else []
-        model = checkpoint
+        command = [str(bin_dir / "transformers"), "serve", str(converted_checkpoint_dir()), "--port", str(port),
+                   "--device", "cpu"]
+        command += ["--continuous-batching"] if name == "transformers-cb" else []
+        model = str(converted_checkpoint_dir())
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -130,20 +147,42 @@ def summarise(results: list[dict], wall: float, tokenizer: Tokenizer) -> dict:
     }
 
 
+def offline(draft: str, args: argparse.Namespace, tokenizer: Tokenizer) -> list[dict]:
+    """Rows of the offline engine on the same requests (bench/serve_offline.py, its own process)."""
+    command = [sys.executable, str(Path(__file__).parent / "serve_offline.py"), "--draft", draft,
+               "--requests", str(args.requests), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
+               "--concurrency", *map(str, args.concurrency), "--prompts", *PROMPTS]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    lines = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout.splitlines()
+    rows = []
+    for line in lines:
+        level = json.loads(line)
+        tokens = sum(len(tokenizer.encode(text, add_special_tokens=False)) for text in level["texts"])
+        rows.append({"concurrency": level["concurrency"], "requests_per_s": args.requests / level["seconds"],
+                     "output_tok_per_s": tokens / level["seconds"]})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--servers", nargs="+", default=["verispec", "verispec-ngram", "transformers"])
-    parser.add_argument("--hf-cb", action="store_true", help="transformers serve --continuous-batching")
+    parser.add_argument("--servers", nargs="+", choices=SERVERS,
+                        default=["offline", "verispec", "verispec-ngram", "transformers-cb", "llama.cpp"])
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary (for --servers llama.cpp)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serve.json")
     args = parser.parse_args()
     tokenizer = Tokenizer.from_directory(converted_checkpoint_dir())
     rows = []
     for name in args.servers:
-        process, url, model = start(name, args.threads, args.hf_cb)
+        if name.startswith("offline"):
+            for row in offline("ngram" if name.endswith("ngram") else "none", args, tokenizer):
+                rows.append({"server": name, **row})
+                print(rows[-1], flush=True)
+            continue
+        process, url, model = start(name, args.threads, max(args.concurrency), args.llama_server)
         try:
             run_level(url, model, 1, 1, 8)  # warm-up: first-request costs are not serving costs
             for concurrency in args.concurrency:
@@ -155,16 +194,17 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(timeout=60)
-    baseline = {r["concurrency"]: r["output_tok_per_s"] for r in rows if r["server"] == "transformers"}
+    baseline_name = "transformers-cb" if "transformers-cb" in args.servers else "transformers"
+    baseline = {r["concurrency"]: r["output_tok_per_s"] for r in rows if r["server"] == baseline_name}
     print(f"\n{'server':<16}{'conc':>5}{'req/s':>8}{'tok/s':>9}{'vs HF':>7}{'TTFT p50':>10}{'p99':>8}"
-          f"{'ITL p50':>9}{'p99':>8}   (ms)")
+          f"{'ITL p50':>9}{'p99':>8}   (ms; vs {baseline_name})")
+    nan = float("nan")
     for r in rows:
-        ratio = r["output_tok_per_s"] / baseline[r["concurrency"]] if r["concurrency"] in baseline else float("nan")
+        ratio = r["output_tok_per_s"] / baseline[r["concurrency"]] if r["concurrency"] in baseline else nan
         print(f"{r['server']:<16}{r['concurrency']:>5}{r['requests_per_s']:>8.2f}{r['output_tok_per_s']:>9.1f}"
-              f"{ratio:>7.2f}{r['ttft_p50_ms']:>10.0f}{r['ttft_p99_ms']:>8.0f}{r['itl_p50_ms']:>9.1f}"
-              f"{r['itl_p99_ms']:>8.1f}")
-    write_json(args.out, torch.device("cpu"), rows, requests=args.requests, max_tokens=args.max_tokens,
-               hf_continuous_batching=args.hf_cb)
+              f"{ratio:>7.2f}{r.get('ttft_p50_ms', nan):>10.0f}{r.get('ttft_p99_ms', nan):>8.0f}"
+              f"{r.get('itl_p50_ms', nan):>9.1f}{r.get('itl_p99_ms', nan):>8.1f}")
+    write_json(args.out, torch.device("cpu"), rows, requests=args.requests, max_tokens=args.max_tokens)
 
 
 if __name__ == "__main__":

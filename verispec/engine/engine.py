@@ -457,7 +457,7 @@ class LLMEngine:
         index = torch.tensor(target_rows, device=device)
         uncond = None
         if any(p.request.uses_cfg for p in sampling):
-            uncond = logits[torch.tensor(uncond_rows, device=device)]
+            uncond = logits.index_select(0, torch.tensor(uncond_rows, device=device))
         counts = [len(drafts.of(p.request.request_id)) for p in sampling]
         ids = [t for p in sampling for t in drafts.of(p.request.request_id)]
         metadata = SamplingMetadata.from_params(
@@ -468,7 +468,8 @@ class LLMEngine:
             prompt_token_ids=[p.request.prompt_token_ids for p in sampling],
             output_token_ids=[p.request.output_token_ids for p in sampling],
         )
-        target = logits[index]
+        # Without CFG every logits row is a target row: no copy of [rows, V].
+        target = logits if len(target_rows) == logits.shape[0] else logits.index_select(0, index)
         draft_ids = torch.tensor(ids, dtype=torch.int64, device=device)
         cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
         draft = DraftProbs(drafts.probs) if drafts.probs is not None and ids else None
