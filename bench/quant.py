@@ -7,7 +7,8 @@ Every engine runs in its own process (peak RSS and start-up are its own), in tur
 round (interleaved), with the same thread count. Batch 1: 4 chat prompts, greedy (tokens until
 EOS or --max-tokens) and sampled (temperature 0.8, top-k 50, top-p 0.9, fixed length); tok/s is
 the tokens of all prompts over their total time, the median over rounds. Start-up: process
-start to the first token of the first prompt.
+start to the first token of the first prompt. Peak RSS (VmHWM) twice: after the batch-1 runs
+("RSS b1", what llama.cpp's rows measure too) and at the end, batch 16's KV cache included.
 
     python bench/quant.py                              # everything, 2 threads, 2 rounds
     python bench/quant.py --llama-python /path/to/python-with-llama_cpp
@@ -83,6 +84,7 @@ def _verispec(options: dict, prompts: list[list[int]], max_tokens: int, started:
             seconds += time.perf_counter() - start
             tokens += len(result.token_ids)
         out[name] = tokens / seconds
+    out["rss_batch1_mib"] = _peak_rss_mib()  # before batch 16's KV cache (llama.cpp's rows have no batch 16)
     batch = [ids for ids in prompts for _ in range(4)]
     start = time.perf_counter()
     results = llm.generate(batch, greedy, use_tqdm=False)
@@ -166,6 +168,7 @@ def worker(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
         out = _hf(prompts, args.max_tokens, started)
     out["peak_rss_mib"] = _peak_rss_mib()
+    out.setdefault("rss_batch1_mib", out["peak_rss_mib"])
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -280,12 +283,12 @@ def main() -> None:
         rows.append(row)
     base = next((r for r in rows if r["engine"] == "llama.cpp"), None)
     print(f"\n{'engine':36s} {'greedy tok/s':>12s} {'vs llama.cpp':>12s} {'sampled':>8s} "
-          f"{'batch 16':>9s} {'RSS MiB':>8s} {'start s':>8s}")
+          f"{'batch 16':>9s} {'RSS b1':>7s} {'RSS MiB':>8s} {'start s':>8s}")
     for row in rows:
         ratio = row["greedy"] / base["greedy"] if base else float("nan")
         print(f"{row['engine']:36s} {row['greedy']:12.1f} {ratio:11.2f}x "
               f"{row.get('sampled', float('nan')):8.1f} {row.get('batch16', float('nan')):9.1f} "
-              f"{row['peak_rss_mib']:8.0f} {row['startup_s']:8.2f}")
+              f"{row['rss_batch1_mib']:7.0f} {row['peak_rss_mib']:8.0f} {row['startup_s']:8.2f}")
     from common import write_json
 
     write_json(args.out, torch.device("cpu"), rows, kernels=kernels, max_tokens=args.max_tokens,
