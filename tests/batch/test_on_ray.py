@@ -10,12 +10,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx2
 import openai
 import psutil
 import pytest
 import ray
 
 from verispec.cli import main
+from verispec.serve.on_ray import REPLICA_HEADER
 
 from .conftest import MODEL, MODEL_FLAGS, choices, write_requests
 
@@ -87,11 +89,44 @@ def test_a_replica_that_dies_midway_is_replaced_and_its_rows_rerun(checkpoint, t
     assert choices(output) == choices(tmp_path / "local.jsonl")
 
 
+def _per_replica(url: str, path: str, replicas: int = 2) -> dict[str, httpx2.Response]:
+    """GET `path` until every replica answered once (the proxy picks one per request)."""
+    answers: dict[str, httpx2.Response] = {}
+    deadline = time.monotonic() + 30
+    while len(answers) < replicas:
+        assert time.monotonic() < deadline, f"only replicas {set(answers)} answered {path}"
+        response = httpx2.get(url + path, timeout=30)
+        answers.setdefault(response.headers[REPLICA_HEADER], response)
+    return answers
+
+
+def _generated(metrics: httpx2.Response) -> float:
+    line = next(line for line in metrics.text.splitlines() if line.startswith("verispec_generation_tokens_total"))
+    return float(line.split()[-1])
+
+
+def _disconnect_aborts_on_the_replica(url: str, client: openai.OpenAI) -> None:
+    """A stream of 32 x 200 tokens left after its first chunk: its replica stops generating
+    (requests_running drops to 0) having made far fewer than the 6400 tokens asked for."""
+    before = {tag: _generated(r) for tag, r in _per_replica(url, "/metrics").items()}
+    stream = client.completions.with_raw_response.create(model=MODEL, prompt="a b", n=32, max_tokens=200,
+                                                         stream=True, extra_body={"ignore_eos": True})
+    replica = stream.headers[REPLICA_HEADER]
+    next(iter(stream.parse()))
+    stream.http_response.close()
+    deadline = time.monotonic() + 30
+    while _per_replica(url, "/health")[replica].json()["requests_running"]:
+        assert time.monotonic() < deadline, "the replica still generates for a client that left"
+        time.sleep(0.1)
+    generated = _generated(_per_replica(url, "/metrics")[replica]) - before[replica]
+    assert generated < 6400 / 2
+
+
 def test_serve_on_two_replicas_answers_openai_streamed_and_not(checkpoint) -> None:
     from ray import serve
 
     from verispec.config import ServeLimits
-    from verispec.serve.on_ray import REPLICA_HEADER, deploy
+    from verispec.serve.on_ray import deploy
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,5 +152,6 @@ def test_serve_on_two_replicas_answers_openai_streamed_and_not(checkpoint) -> No
         assert completion.usage.completion_tokens == 5
         with pytest.raises(openai.BadRequestError, match="top_p"):
             client.completions.create(model=MODEL, prompt="a", top_p=3.0)
+        _disconnect_aborts_on_the_replica(url, client)
     finally:
         serve.shutdown()
