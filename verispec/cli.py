@@ -329,6 +329,11 @@ def stream_to_stdout(llm: LLM, prompt: str | list[int],
     return last, time.perf_counter() - start
 
 
+def _or(value: int | None, default: int) -> int:
+    """A flag's value, or its default when not given (0 is a value, and an invalid one)."""
+    return default if value is None else value
+
+
 def _set_threads(threads: int | None) -> None:
     import torch
 
@@ -384,10 +389,12 @@ def serve(args: argparse.Namespace) -> int:
 
 def serve_on_ray(args: argparse.Namespace, limits: ServeLimits) -> int:
     from .cluster import ray_session
-    from .serve.on_ray import deploy
+    from .serve.on_ray import check_replicas, deploy
 
+    threads = 1 if args.threads is None else args.threads
+    check_replicas(args.ray_replicas, threads)
     with ray_session(args.address):
-        url = deploy(llm_kwargs(args), args.served_model_name, limits, args.ray_replicas, args.threads or 1,
+        url = deploy(llm_kwargs(args), args.served_model_name, limits, args.ray_replicas, threads,
                      args.host, args.port)
         print(f"serving on {url} with {args.ray_replicas} Ray Serve replicas; Ctrl-C stops", file=sys.stderr,
               flush=True)
@@ -404,15 +411,20 @@ def serve_on_ray(args: argparse.Namespace, limits: ServeLimits) -> int:
 
 
 def run_batch(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from .batch.run import local_backend, run_batch as run
 
     kwargs = llm_kwargs(args)
     if args.ray:
         from .batch.on_ray import ray_backend
 
+        if args.threads is not None:
+            raise ValueError(f"--threads={args.threads} is for this process: with --ray, use --threads-per-replica")
+
         def backend():  # type: ignore[no-untyped-def]
-            return ray_backend(args.address, kwargs, args.served_model_name, args.replicas or 1,
-                               args.threads_per_replica or 1, args.batch_size or 64)
+            return ray_backend(args.address, kwargs, args.served_model_name, _or(args.replicas, 1),
+                               _or(args.threads_per_replica, 1), _or(args.batch_size, 64))
     else:
         for flag in ("address", "replicas", "threads_per_replica", "batch_size"):
             if getattr(args, flag) is not None:
@@ -422,7 +434,7 @@ def run_batch(args: argparse.Namespace) -> int:
             from .engine.llm import LLM
 
             _set_threads(args.threads)
-            print("loading model ...", file=sys.stderr, flush=True)
+            tqdm.write("loading model ...", file=sys.stderr)  # under the progress bar
             return local_backend(lambda: LLM(**kwargs), args.served_model_name, 2 * args.max_num_seqs)
 
     summary = run(args.input, args.output, backend, progress=args.progress)

@@ -93,10 +93,15 @@ def test_repeated_custom_ids_stop_the_command_before_anything_runs(tmp_path, cap
     assert not output.exists()
 
 
-def test_ray_flags_need_ray(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "2"], "--replicas=2 needs --ray"),
+    (["--ray", "--threads", "2"], "with --ray, use --threads-per-replica"),
+    (["--ray", "--replicas", "0"], "--replicas=0 is invalid"),
+])
+def test_ray_flags_are_checked_before_anything_starts(flags, message, tmp_path, capsys) -> None:
     requests = write_requests(tmp_path / "in.jsonl", 1)
-    assert main(["run-batch", "-i", str(requests), "-o", str(tmp_path / "o"), "--replicas", "2"]) == 2
-    assert "--replicas=2 needs --ray" in capsys.readouterr().err
+    assert main(["run-batch", "-i", str(requests), "-o", str(tmp_path / "o"), "--model", "/nonexistent", *flags]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_run_killed_midway_resumes_to_the_whole_output(checkpoint, tmp_path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from ..config import ServeLimits
 from ..engine.llm import LLM
 from ..serve import build_app
+from ..serve.errors import APIError
 from .records import BatchRequest, response_record
 
 
@@ -53,7 +55,11 @@ class BatchAnswerer:
             yield from (future.result() for future in done)
 
     async def _answer(self, request: BatchRequest) -> dict:
-        status, body = await post(self.app, request.url, request.body)
+        try:
+            status, body = await post(self.app, request.url, request.body)
+        except Exception as error:  # the app raised (a bug): the server answers 500, and so does the batch
+            status = 500
+            body = json.dumps(APIError(f"the server failed: {type(error).__name__}: {error}", status=500).body()).encode()
         return response_record(request.custom_id, status, body)
 
     def close(self) -> None:

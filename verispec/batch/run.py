@@ -15,11 +15,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
 from tqdm import tqdm
 
 from .records import BadLine, BatchRequest, ResultsFile, bad_line_record, read_done, read_requests
+
+if TYPE_CHECKING:
+    from ..engine.llm import LLM
 
 Answer = Callable[[list[BatchRequest]], Iterator[dict]]
 
@@ -103,7 +106,7 @@ def run_batch(input_path: str | os.PathLike, output_path: str | os.PathLike,
 
 
 @contextlib.contextmanager
-def local_backend(make_llm: Callable[[], object], model_name: str, window: int) -> Iterator[Answer]:
+def local_backend(make_llm: Callable[[], LLM], model_name: str, window: int) -> Iterator[Answer]:
     """One engine in this process answering up to `window` requests at once."""
     from .answer import BatchAnswerer
 

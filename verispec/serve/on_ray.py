@@ -60,13 +60,18 @@ class OpenAIReplica:
         return app
 
 
+def check_replicas(replicas: int, threads: int) -> None:
+    """Raises ValueError naming the flag of a bad count (before Ray is started for nothing)."""
+    for name, value in (("--ray-replicas", replicas), ("--threads", threads)):
+        if value < 1:
+            raise ValueError(f"{name}={value} is invalid: expected an integer >= 1")
+
+
 def deploy(llm_kwargs: dict[str, Any], model_name: str, limits: ServeLimits, replicas: int, threads: int,
            host: str, port: int) -> str:
     """Starts Ray Serve's proxy on host:port (in the Ray session already open) with `replicas`
     replicas of the app; returns the base URL once every replica is ready."""
-    for name, value in (("--ray-replicas", replicas), ("--threads", threads)):
-        if value < 1:
-            raise ValueError(f"{name}={value} is invalid: expected an integer >= 1")
+    check_replicas(replicas, threads)
     serve.start(http_options={"host": host, "port": port})
     deployment = serve.deployment(OpenAIReplica).options(
         name="verispec", num_replicas=replicas, ray_actor_options={"num_cpus": threads},
