@@ -151,6 +151,10 @@ Limits (the options above): body size (413), sequences per request (n x prompts)
 open connections; waiting requests are admitted in turns, so one request's fan-out cannot hold
 the others back. GET /health is 503 while the engine is stuck in a step. With --host 0.0.0.0,
 set the limits for your clients and put an authenticating proxy in front.
+
+With --ray-replicas N the same app runs as N Ray Serve replicas behind Ray Serve's proxy; each
+response names its replica (header x-verispec-replica), and /metrics and /health describe the
+one replica that answered them.
 """
 
 

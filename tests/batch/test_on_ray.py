@@ -33,18 +33,23 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-def _bounded(run: Callable[[], int], limit_s: float = RUN_LIMIT_S) -> threading.Thread:
-    """Runs `run` in a thread that the caller joins; its exit status lands in thread.status."""
-    thread = threading.Thread(target=lambda: setattr(thread, "status", run()), daemon=True)
-    thread.start()
-    thread.deadline = time.monotonic() + limit_s  # type: ignore[attr-defined]
-    return thread
+class _Bounded:
+    """`run` (returning an exit status) in a thread, given RUN_LIMIT_S to finish."""
 
+    def __init__(self, run: Callable[[], int]) -> None:
+        self.status: int | None = None
+        self.deadline = time.monotonic() + RUN_LIMIT_S
+        self.thread = threading.Thread(target=lambda: setattr(self, "status", run()), daemon=True)
+        self.thread.start()
 
-def _finish(thread: threading.Thread) -> int:
-    thread.join(timeout=max(0.0, thread.deadline - time.monotonic()))  # type: ignore[attr-defined]
-    assert not thread.is_alive(), f"run-batch did not finish within {RUN_LIMIT_S} s"
-    return thread.status  # type: ignore[attr-defined]
+    def running(self) -> bool:
+        assert time.monotonic() < self.deadline, f"run-batch did not finish within {RUN_LIMIT_S} s"
+        return self.thread.is_alive()
+
+    def finish(self) -> int | None:
+        self.thread.join(timeout=max(0.0, self.deadline - time.monotonic()))
+        assert not self.thread.is_alive(), f"run-batch did not finish within {RUN_LIMIT_S} s"
+        return self.status
 
 
 def _run_batch(requests: Path, output: Path, checkpoint: str, *flags: str) -> list[str]:
@@ -57,9 +62,9 @@ def test_two_replicas_give_the_records_of_one_engine(checkpoint, tmp_path) -> No
     requests = write_requests(tmp_path / "in.jsonl", 16)
     assert main(_run_batch(requests, tmp_path / "local.jsonl", checkpoint)) == 0
     on_ray = tmp_path / "ray.jsonl"
-    run = _bounded(lambda: main(_run_batch(requests, on_ray, checkpoint, "--ray", "--replicas", "2",
+    run = _Bounded(lambda: main(_run_batch(requests, on_ray, checkpoint, "--ray", "--replicas", "2",
                                            "--batch-size", "3")))
-    assert _finish(run) == 0
+    assert run.finish() == 0
     assert choices(on_ray) == choices(tmp_path / "local.jsonl")
     assert len(choices(on_ray)) == 16
 
@@ -73,16 +78,16 @@ def _replica_processes() -> list[psutil.Process]:
 def test_a_replica_that_dies_midway_is_replaced_and_its_rows_rerun(checkpoint, tmp_path) -> None:
     requests = write_requests(tmp_path / "in.jsonl", 24, max_tokens=24)
     output = tmp_path / "out.jsonl"
-    run = _bounded(lambda: main(_run_batch(requests, output, checkpoint, "--ray", "--replicas", "2",
+    run = _Bounded(lambda: main(_run_batch(requests, output, checkpoint, "--ray", "--replicas", "2",
                                            "--batch-size", "2", "--max-num-seqs", "1")))
     while not (output.exists() and output.read_text().count("\n") >= 2):
-        assert run.is_alive() and time.monotonic() < run.deadline, "no records came"  # type: ignore[attr-defined]
+        assert run.running(), "run-batch ended before two records came"
         time.sleep(0.02)
     victims = _replica_processes()
     assert victims, "no replica process found"
     victims[0].kill()  # SIGKILL: the replica dies with batches in flight
     written_at_kill = output.read_text().count("\n")
-    assert _finish(run) == 0
+    assert run.finish() == 0
     assert written_at_kill < 24
     assert not victims[0].is_running()
     assert main(_run_batch(requests, tmp_path / "local.jsonl", checkpoint)) == 0

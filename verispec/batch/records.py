@@ -49,8 +49,7 @@ class BadLine:
 
 
 def _line_key(line: int) -> str:
-    # No custom_id can collide with it: a custom_id is a JSON string, the key of a line is an int's text
-    # behind a NUL.
+    # Begins with NUL, which no sane custom_id does, so it cannot pass for one.
     return f"\0line {line}"
 
 
