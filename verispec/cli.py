@@ -5,6 +5,9 @@
     verispec generate --draft ngram+eagle --tree 3 "Explain rainbows."  # lookup + learned head
     verispec generate --draft none --no-chat "Once upon a time"
     verispec serve --port 8000                                  # OpenAI-compatible HTTP server
+    verispec serve --ray-replicas 4 --address auto              # the same server, 4 engines on Ray Serve
+    verispec run-batch -i requests.jsonl -o results.jsonl       # an OpenAI batch file, resumable
+    verispec run-batch -i requests.jsonl -o results.jsonl --ray --replicas 4  # on Ray Data
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap the prompt in the model's chat template (default: on)")
     add_serve_parser(sub)
+    add_batch_parser(sub)
     add_train_parser(sub)
     return parser
 
@@ -122,6 +126,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV cache of prompt prefixes already computed (shared system "
                              "prompts, negative prompts); output is the same either way (default: on)")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, metavar="GIB",
+                        help="memory for each model's paged KV cache, in GiB (default: 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
@@ -145,6 +151,10 @@ Limits (the options above): body size (413), sequences per request (n x prompts)
 open connections; waiting requests are admitted in turns, so one request's fan-out cannot hold
 the others back. GET /health is 503 while the engine is stuck in a step. With --host 0.0.0.0,
 set the limits for your clients and put an authenticating proxy in front.
+
+With --ray-replicas N the same app runs as N Ray Serve replicas behind Ray Serve's proxy; each
+response names its replica (header x-verispec-replica), and /metrics and /health describe the
+one replica that answered them.
 """
 
 
@@ -182,6 +192,59 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--stall-timeout", type=float, default=limits.stall_s, metavar="S",
                        help=f"GET /health answers 503 once the engine has spent this long in one step with "
                             f"work queued (default: {limits.stall_s:g})")
+    serve.add_argument("--ray-replicas", type=int, default=None, metavar="N",
+                       help="serve as a Ray Serve deployment of N replicas, each its own engine with "
+                            "--threads threads (default 1), behind Ray Serve's proxy on --host:--port; "
+                            "every response names its replica in the x-verispec-replica header, and "
+                            "GET /metrics is answered by one replica about itself. --header-timeout and "
+                            "--max-connections are then the proxy's business (default: off, one process)")
+    serve.add_argument("--address", default=None,
+                       help="with --ray-replicas: the Ray cluster to join, e.g. 'auto' or HOST:6379 from "
+                            "`ray start --head` (default: start a local Ray, stopped on exit)")
+
+
+BATCH_EPILOG = """\
+Input: one request a line, OpenAI's batch format:
+  {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
+   "body": {"model": "verispec", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}}
+Output: one record a line, appended (and flushed) as requests finish, in finishing order:
+  {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
+A body is validated and answered by the code of `verispec serve` (the same 400s, the same
+response bodies); error is null for a 200, else {"code", "message"}. A line that is not a request
+(bad JSON, no custom_id, another url) gets an error record and the rest go on; a custom_id on
+two lines stops the command before anything runs. Rerunning the same command skips what the
+output holds, so a killed run resumes. Seeded and greedy requests give the same records run
+locally or on any number of replicas.
+"""
+
+
+def add_batch_parser(sub: argparse._SubParsersAction) -> None:
+    batch = sub.add_parser(
+        "run-batch", help="answer an OpenAI batch file (JSONL), locally or over Ray Data",
+        description="Answer every request of an OpenAI batch file, with one engine batching them "
+                    "continuously, or on Ray Data over N engines (--ray).",
+        epilog=BATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    batch.add_argument("-i", "--input", required=True, help="the requests, JSONL")
+    batch.add_argument("-o", "--output", required=True, help="the results, JSONL (appended to: resumes)")
+    add_model_arguments(batch, "most draft tokens verified per step; a body's num_speculative_tokens "
+                               "overrides it (default: 5)")
+    batch.add_argument("--served-model-name", default="verispec",
+                       help="the `model` the bodies name (default: verispec)")
+    batch.add_argument("--max-num-seqs", type=int, default=64,
+                       help="most requests generated at once per engine (default: 64)")
+    batch.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                       help="a progress bar on stderr: done / total, tokens/s, acceptance (default: on)")
+    batch.add_argument("--ray", action="store_true",
+                       help="run on Ray Data: an actor pool of --replicas engines (default: this process)")
+    batch.add_argument("--address", default=None,
+                       help="with --ray: the Ray cluster to join, e.g. 'auto' or HOST:6379 from "
+                            "`ray start --head` (default: start a local Ray, stopped at the end)")
+    batch.add_argument("--replicas", type=int, default=None, help="with --ray: engines (Ray actors) (default: 1)")
+    batch.add_argument("--threads-per-replica", type=int, default=None, metavar="T",
+                       help="with --ray: torch threads (and Ray CPUs) per replica (default: 1)")
+    batch.add_argument("--batch-size", type=int, default=None,
+                       help="with --ray: requests per Ray Data batch, the unit of retry (default: 64)")
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -270,6 +333,11 @@ def stream_to_stdout(llm: LLM, prompt: str | list[int],
     return last, time.perf_counter() - start
 
 
+def _or(value: int | None, default: int) -> int:
+    """A flag's value, or its default when not given (0 is a value, and an invalid one)."""
+    return default if value is None else value
+
+
 def _set_threads(threads: int | None) -> None:
     import torch
 
@@ -292,6 +360,17 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
         raise ValueError(f"{flags.get(name, name)}={rest}") from None
 
 
+def llm_kwargs(args: argparse.Namespace) -> dict:
+    """LLM's arguments from the model flags (add_model_arguments), for this process or a replica."""
+    kwargs = dict(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
+                  dtype=args.dtype, device=args.device, tree=args.tree, quantization=args.quantize,
+                  quantization_group_size=args.quantize_group_size, enable_prefix_caching=args.prefix_caching,
+                  kv_cache_gib=args.kv_cache_gib)
+    if hasattr(args, "max_num_seqs"):
+        kwargs["max_num_seqs"] = args.max_num_seqs
+    return kwargs
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -300,14 +379,71 @@ def serve(args: argparse.Namespace) -> int:
     from .serve.limits import server_config
 
     limits = serve_limits(args)
+    if args.ray_replicas is not None:
+        return serve_on_ray(args, limits)
+    if args.address is not None:
+        raise ValueError(f"--address={args.address} needs --ray-replicas")
     _set_threads(args.threads)
     print("loading model ...", file=sys.stderr, flush=True)
-    llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-              dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, tree=args.tree,
-              quantization=args.quantize, quantization_group_size=args.quantize_group_size,
-              enable_prefix_caching=args.prefix_caching)
+    llm = LLM(**llm_kwargs(args))
     uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits), args.host, args.port,
                                  limits)).run()
+    return 0
+
+
+def serve_on_ray(args: argparse.Namespace, limits: ServeLimits) -> int:
+    from .cluster import ray_session
+    from .serve.on_ray import check_replicas, deploy
+
+    threads = 1 if args.threads is None else args.threads
+    check_replicas(args.ray_replicas, threads)
+    with ray_session(args.address):
+        url = deploy(llm_kwargs(args), args.served_model_name, limits, args.ray_replicas, threads,
+                     args.host, args.port)
+        print(f"serving on {url} with {args.ray_replicas} Ray Serve replicas; Ctrl-C stops", file=sys.stderr,
+              flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            from ray import serve as ray_serve
+
+            ray_serve.shutdown()
+    return 0
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .batch.run import local_backend, run_batch as run
+
+    kwargs = llm_kwargs(args)
+    if args.ray:
+        from .batch.on_ray import ray_backend
+
+        if args.threads is not None:
+            raise ValueError(f"--threads={args.threads} is for this process: with --ray, use --threads-per-replica")
+
+        def backend():  # type: ignore[no-untyped-def]
+            return ray_backend(args.address, kwargs, args.served_model_name, _or(args.replicas, 1),
+                               _or(args.threads_per_replica, 1), _or(args.batch_size, 64))
+    else:
+        for flag in ("address", "replicas", "threads_per_replica", "batch_size"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} needs --ray")
+
+        def backend():  # type: ignore[no-untyped-def]
+            from .engine.llm import LLM
+
+            _set_threads(args.threads)
+            tqdm.write("loading model ...", file=sys.stderr)  # under the progress bar
+            return local_backend(lambda: LLM(**kwargs), args.served_model_name, 2 * args.max_num_seqs)
+
+    summary = run(args.input, args.output, backend, progress=args.progress)
+    print(f"{summary.lines} requests: {summary.resumed} already in {args.output}, {summary.answered} answered, "
+          f"{summary.failed} failed (error records) by this run", file=sys.stderr)
     return 0
 
 
@@ -324,10 +460,7 @@ def generate(args: argparse.Namespace) -> int:
         banned_token_ids=args.ban_token, logprobs=args.logprobs,
     )
     print("loading model ...", file=sys.stderr, flush=True)
-    llm = LLM(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-              dtype=args.dtype, device=args.device, tree=args.tree,
-              quantization=args.quantize, quantization_group_size=args.quantize_group_size,
-              enable_prefix_caching=args.prefix_caching)
+    llm = LLM(**llm_kwargs(args))
     prompt: str | list[int] = args.prompt
     if args.chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -367,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             from .train.command import run
 
             return run(args)
+        if args.command == "run-batch":
+            return run_batch(args)
         return serve(args) if args.command == "serve" else generate(args)
     except (*_USER_ERRORS, torch.OutOfMemoryError) as err:
         print(f"verispec: error: {str(err) or type(err).__name__}", file=sys.stderr)

@@ -31,3 +31,15 @@ def test_serve_limits_default_to_serve_limits() -> None:
                                       "--header-timeout", "2", "--body-timeout", "3", "--max-connections", "9",
                                       "--stall-timeout", "5"])
     assert serve_limits(args) == ServeLimits(1000, 4, 2.0, 3.0, 9, 5.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--address", "auto"], "--address=auto needs --ray-replicas"),
+    (["--ray-replicas", "0"], "--ray-replicas=0 is invalid"),
+    (["--ray-replicas", "2", "--threads", "0"], "--threads=0 is invalid"),
+])
+def test_ray_flags_are_checked_before_anything_starts(flags, message, capsys) -> None:
+    from verispec.cli import main
+
+    assert main(["serve", "--model", "/nonexistent", *flags]) == 2
+    assert message in capsys.readouterr().err
