@@ -147,7 +147,7 @@ def _load_directory(directory: Path, dtype: torch.dtype, device: torch.device,
     config = hf_checkpoint.read_config(directory)
     eos = config.eos_token_ids[0] if config.eos_token_ids else None
     tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
-    weights = hf_checkpoint.read_weights(directory)
+    weights = hf_checkpoint.read_weights(directory, config)
     if rtn is not None:
         return _build(directory, config, quantize_weights(weights, *rtn), dtype, device, True), tokenizer
     return _build(directory, config, weights, dtype, device), tokenizer
