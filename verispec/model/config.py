@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn", "longrope", "freq_factors")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -42,7 +42,9 @@ class RopeScaling:
     rope_type: "linear" (positions divided by factor), "dynamic" (NTK: the base grows with the
         sequence beyond original_max_position_embeddings), "llama3" (Llama 3.1's per-band
         wavelength scaling), "yarn", "longrope" (Phi-3: short_factor up to
-        original_max_position_embeddings, long_factor beyond, per token).
+        original_max_position_embeddings, long_factor beyond, per token), "freq_factors"
+        (llama.cpp's rope_freqs tensor, how GGUF files store Llama 3.1's scaling: frequency i
+        is divided by short_factor[i]).
     attention_factor: what cos and sin are multiplied by (yarn, longrope); None: derived from
         factor as transformers derives it.
     """
@@ -179,11 +181,13 @@ class ModelConfig:
                  and all(_is_int(t) and 0 <= t < self.vocab_size for t in self.eos_token_ids))
         _require("rope_scaling", self.rope_scaling, "None or a RopeScaling",
                  self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling))
-        if self.rope_scaling is not None and self.rope_scaling.rope_type == "longrope":
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.rope_type in ("longrope", "freq_factors"):
             half = self.head_dim // 2
-            _require("rope_scaling", self.rope_scaling,
-                     f"short_factor and long_factor of head_dim / 2 = {half} entries",
-                     len(self.rope_scaling.short_factor) == len(self.rope_scaling.long_factor) == half)
+            long = scaling.long_factor if scaling.rope_type == "longrope" else scaling.short_factor
+            _require("rope_scaling", scaling,
+                     f"short_factor (and long_factor for longrope) of head_dim / 2 = {half} entries",
+                     len(scaling.short_factor) == len(long) == half)
         _require("hidden_act", self.hidden_act, f"one of {ACTIVATIONS}", self.hidden_act in ACTIVATIONS)
         _require("norm_weight_offset", self.norm_weight_offset, "0.0 or 1.0",
                  self.norm_weight_offset in (0.0, 1.0))

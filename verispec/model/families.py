@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from verispec.model.config import LAYER_TYPES, ROPE_TYPES, ModelConfig, RopeScaling
+from verispec.model.quant.formats import QuantizedWeight
 
 # model_type -> the architectures entry transformers writes for it.
 FAMILIES = {
@@ -27,6 +28,8 @@ FAMILIES = {
     "phi3": "Phi3ForCausalLM",
 }
 _GEMMAS = ("gemma", "gemma2", "gemma3_text")
+# freq_factors is llama.cpp's, not a config.json rope type.
+HF_ROPE_TYPES = ("default",) + tuple(t for t in ROPE_TYPES if t != "freq_factors")
 
 
 class Unsupported(ValueError):
@@ -61,8 +64,8 @@ def _scaling(params: dict[str, Any], raw: dict[str, Any], directory: Path,
         raise _unsupported(directory, "partial_rotary_factor", partial, "1.0 (rotary over the whole head)")
     if rope_type == "default":
         return theta, None
-    if rope_type not in ROPE_TYPES:
-        raise _unsupported(directory, "rope type", rope_type, f"one of {('default',) + ROPE_TYPES}")
+    if rope_type not in HF_ROPE_TYPES:
+        raise _unsupported(directory, "rope type", rope_type, f"one of {HF_ROPE_TYPES}")
     original = params.get("original_max_position_embeddings",
                           raw.get("original_max_position_embeddings"))
     factor = params.get("factor")
@@ -161,21 +164,32 @@ def config_fields(raw: dict[str, Any], directory: Path) -> dict[str, Any]:
     return fields
 
 
-def split_fused(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+Weight = torch.Tensor | QuantizedWeight
+
+
+def _split_rows(tensor: Weight, widths: list[int]) -> list[Weight]:
+    if isinstance(tensor, torch.Tensor):
+        return list(tensor.split(widths))  # views, no copy
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return [tensor.select_rows(torch.arange(s, s + w)) for s, w in zip(starts, widths)]
+
+
+def split_fused(weights: dict[str, Weight], config: ModelConfig) -> dict[str, Weight]:
     """Phi-3's fused self_attn.qkv_proj and mlp.gate_up_proj split into Llama's q/k/v and
-    gate/up (views, no copy): the model fuses them again in its own layout."""
+    gate/up: the model fuses them again in its own layout."""
     q_width = config.num_heads * config.head_dim
     kv_width = config.num_kv_heads * config.head_dim
-    out: dict[str, torch.Tensor] = {}
+    inter = config.intermediate_size
+    out: dict[str, Weight] = {}
     for name, tensor in weights.items():
         prefix, _, leaf = name.rpartition(".")
         if prefix.endswith("self_attn.qkv_proj") and tensor.shape[0] == q_width + 2 * kv_width:
             base = prefix[: -len("qkv_proj")]
-            for part, piece in zip("qkv", tensor.split([q_width, kv_width, kv_width])):
+            for part, piece in zip("qkv", _split_rows(tensor, [q_width, kv_width, kv_width])):
                 out[f"{base}{part}_proj.{leaf}"] = piece
-        elif prefix.endswith("mlp.gate_up_proj") and tensor.shape[0] == 2 * config.intermediate_size:
+        elif prefix.endswith("mlp.gate_up_proj") and tensor.shape[0] == 2 * inter:
             base = prefix[: -len("gate_up_proj")]
-            gate, up = tensor.split(config.intermediate_size)
+            gate, up = _split_rows(tensor, [inter, inter])
             out[f"{base}gate_proj.{leaf}"], out[f"{base}up_proj.{leaf}"] = gate, up
         else:
             out[name] = tensor

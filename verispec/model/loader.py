@@ -82,7 +82,8 @@ def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
-        hf_checkpoint.write_checkpoint(staging, checkpoint.config, checkpoint.weights)
+        hf_checkpoint.write_checkpoint(staging, checkpoint.config, checkpoint.weights,
+                                       checkpoint.model_type)
         checkpoint.tokenizer.save(staging)
         try:
             staging.rename(entry)  # atomic: readers never see a half-written entry

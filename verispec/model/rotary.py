@@ -90,6 +90,8 @@ class RotaryEmbedding:
             self.inv_freq = _llama3(self.inv_freq, scaling)
         elif kind == "yarn":
             self.inv_freq, self.attention_factor = _yarn(theta, head_dim, scaling, device)
+        elif kind == "freq_factors":
+            self.inv_freq = self.inv_freq / torch.tensor(scaling.short_factor, device=device)
         elif kind == "dynamic":  # transformers grows from max_position_embeddings here
             self.switch = max_position_embeddings
         elif kind == "longrope":
