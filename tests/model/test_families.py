@@ -153,14 +153,13 @@ def test_rope_scaling_matches_transformers(name) -> None:
                            RopeScaling(rope_type, **fields), max_position_embeddings=256)
     for length in (40, 300):
         inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](config, seq_len=length)
-        if rope_type in ("llama3", "linear", "yarn"):
-            ours_freq = ours.inv_freq
-        else:
-            ours_freq = ours._token_inv_freq(torch.tensor([length - 1]))[0]
-        torch.testing.assert_close(ours_freq, inv_freq.float(), atol=0, rtol=1e-6)
-        assert ours.attention_factor == pytest.approx(factor, rel=1e-12)
-    cos, _ = ours.angles(torch.tensor([0]))  # cos(0) = 1, times the factor
-    assert float(cos.max()) == pytest.approx(ours.attention_factor)
+        position = length - 1  # the last token of a sequence of `length` tokens
+        angles = position * inv_freq.float()
+        cos, sin = ours.angles(torch.tensor([position]))
+        torch.testing.assert_close(cos[0, 0], torch.cat([angles.cos(), angles.cos()]) * factor,
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(sin[0, 0], torch.cat([-angles.sin(), angles.sin()]) * factor,
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_several_eos_ids_and_generation_config(tmp_path) -> None:
