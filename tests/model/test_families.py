@@ -80,9 +80,9 @@ def family(request, tmp_path_factory):
         directory = tmp_path_factory.mktemp(f"{request.param}-{seed}")
         hf.save_pretrained(directory)
         tiny_tokenizer().save(directory)
-        loaded.append((hf, load_model(directory, progress=False)[0]))
+        loaded.append((hf, load_model(directory, progress=False)[0], directory))
     return SimpleNamespace(name=request.param, hf=loaded[0][0], ours=loaded[0][1],
-                           draft=loaded[1][1])
+                           draft=loaded[1][1], directory=loaded[0][2])
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -115,6 +115,25 @@ def test_greedy_and_speculative_generation(family) -> None:
         engine = tiny_engine(family.ours, drafter, k=k)
         rid = engine.add_request(list(prompt), params)
         assert run_all(engine)[rid].token_ids == expected[len(prompt):], name
+
+
+def test_int8_weights(family, tmp_path, monkeypatch) -> None:
+    """The quantized path runs every family's options: close to the float model, and decoding
+    token by token gives the prefill's logits (bit for bit where the row-by-row kernel attends;
+    sliding windows and soft caps fall back to SDPA)."""
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    quantized, _ = load_model(family.directory, quantization="int8", progress=False)
+    ids = _ids(40, 1)
+    (prefill,) = run_schedule(quantized, [ids], [[40]])
+    (decode,) = run_schedule(quantized, [ids], [[1]] * 40)
+    (full,) = run_schedule(family.ours, [ids], [[40]])
+    # int8 rounding of weights and activations: a few % of the logits' range (Gemma 3's random
+    # (1 + w) q/k norms sharpen attention: ~10%); a dropped option would be off by far more.
+    assert (prefill - full).abs().max() < 0.15 * full.abs().max()
+    exact = quantized.rowwise_attention
+    assert exact == (family.name in ("llama3-rope-biases", "llama-yarn", "llama-linear-tied",
+                                     "qwen3", "gemma"))
+    torch.testing.assert_close(decode, prefill, atol=0 if exact else 1e-4, rtol=0 if exact else 1e-4)
 
 
 def test_sliding_window_is_config(family) -> None:
