@@ -5,7 +5,10 @@ transformers' logits."""
 
 from __future__ import annotations
 
+import math
+
 import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -21,11 +24,30 @@ from .test_loader import _llama_cpp_permute
 # query_pre_attn_scalar: llama.cpp scales by head_dim ** -0.5 except in the 27B models; its
 # qwen2 has no sliding window (Qwen2.5 checkpoints leave it off).
 _HEAD_DIM_SCALAR = {"query_pre_attn_scalar": 16}
-CONVERTED = {"llama-linear-tied": ("llama", {}),
+CONVERTED = {"llama-linear-tied": ("llama", {}), "llama3-rope-biases": ("llama", {}),
              "qwen2-sliding-tied": ("qwen2", {"use_sliding_window": False}),
              "qwen3": ("qwen3", {}), "gemma": ("gemma", {}),
              "gemma2": ("gemma2", _HEAD_DIM_SCALAR), "gemma3": ("gemma3", _HEAD_DIM_SCALAR),
              "phi3-longrope-sliding": ("phi3", {})}
+
+
+def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
+    """What llama.cpp's converter writes for Llama 3.1's rope scaling: one divisor per
+    frequency."""
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (i / head_dim)
+        old = rope["original_max_position_embeddings"]
+        low, high = old / rope["low_freq_factor"], old / rope["high_freq_factor"]
+        if wavelen < high:
+            factors.append(1.0)
+        elif wavelen > low:
+            factors.append(rope["factor"])
+        else:
+            smooth = (old / wavelen - rope["low_freq_factor"]) / (
+                rope["high_freq_factor"] - rope["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def write_gguf(path, hf, arch: str) -> None:
@@ -46,6 +68,8 @@ def write_gguf(path, hf, arch: str) -> None:
     if rope["rope_type"] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    if rope["rope_type"] == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama_cpp_rope_freqs(rope, cfg.head_dim))
     if rope["rope_type"] == "longrope":
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         writer.add_tensor("rope_factors_long.weight", torch.tensor(rope["long_factor"]).numpy())
@@ -71,7 +95,8 @@ def write_gguf(path, hf, arch: str) -> None:
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         array = tensor.numpy().copy()
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
+                                              "k_proj.bias")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             array = _llama_cpp_permute(array, heads)
         if arch.startswith("gemma") and name.endswith("norm.weight"):

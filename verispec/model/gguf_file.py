@@ -295,9 +295,9 @@ def _heads_of(name: str, config: ModelConfig, arch: str) -> int | None:
     """The head count whose rows llama.cpp permuted in this tensor (None: not permuted)."""
     if arch != "llama":
         return None
-    if name.endswith("attn_q.weight"):
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
         return config.num_heads
-    if name.endswith("attn_k.weight"):
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
         return config.num_kv_heads
     return None
 
