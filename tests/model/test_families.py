@@ -13,14 +13,19 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
 from verispec.model import load_model
 from verispec.model.config import RopeScaling
 from verispec.model.rotary import RotaryEmbedding
 from verispec.sampling_params import SamplingParams
 from verispec.spec_decode.draft_model import DraftModelDrafter
+from verispec.spec_decode.eagle import EagleDrafter
+from verispec.spec_decode.heads import HeadConfig, new_head
+from verispec.spec_decode.medusa import MedusaDrafter
 from verispec.spec_decode.ngram import NgramDrafter
 
-from ..tiny import run_all, tiny_engine
+from ..tiny import run_all, tiny_engine, word_tokenizer
 from .conftest import tiny_tokenizer
 from .test_llama import LENGTHS, SCHEDULE, hf_logits, run_schedule
 
@@ -115,6 +120,30 @@ def test_greedy_and_speculative_generation(family) -> None:
         engine = tiny_engine(family.ours, drafter, k=k)
         rid = engine.add_request(list(prompt), params)
         assert run_all(engine)[rid].token_ids == expected[len(prompt):], name
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_learned_heads_keep_greedy_output(family, kind) -> None:
+    """EAGLE / Medusa heads (untrained) on the families whose embedding, norms, windows or
+    ropes differ most from Llama: greedy output is still the target's."""
+    if family.name not in ("gemma2", "gemma3", "qwen2-sliding-tied"):
+        pytest.skip("three families cover the options the heads read")
+    head = new_head(HeadConfig.for_target(kind, family.ours.config), family.ours,
+                    torch.arange(VOCAB))
+    drafter = EagleDrafter(head, num_blocks=64, block_size=4) if kind == "eagle" \
+        else MedusaDrafter(head)
+    prompt = _ids(12, 2)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outputs = []
+    for drafter_or_none in (None, drafter):
+        spec = SpeculativeConfig(method="none" if drafter_or_none is None else kind,
+                                 num_speculative_tokens=3, adaptive=False)
+        config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=512,
+                              cache=CacheConfig(4, 64), speculative=spec)
+        engine = LLMEngine(family.ours, word_tokenizer(VOCAB), config, drafter_or_none)
+        rid = engine.add_request(list(prompt), params)
+        outputs.append(run_all(engine)[rid].token_ids)
+    assert outputs[1] == outputs[0]
 
 
 def test_int8_weights(family, tmp_path, monkeypatch) -> None:
