@@ -6,6 +6,7 @@ greedy generation token for token; speculative greedy (n-gram, draft model) == p
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -146,7 +147,7 @@ def test_learned_heads_keep_greedy_output(family, kind) -> None:
     assert outputs[1] == outputs[0]
 
 
-def test_int8_weights(family, tmp_path, monkeypatch) -> None:
+def test_int8_weights(family, tmp_path, monkeypatch, caplog) -> None:
     """The quantized path runs every family's options: close to the float model, and decoding
     token by token gives the prefill's logits (bit for bit where the row-by-row kernel attends;
     sliding windows and soft caps fall back to SDPA)."""
@@ -163,6 +164,11 @@ def test_int8_weights(family, tmp_path, monkeypatch) -> None:
     assert exact == (family.name in ("llama3-rope-biases", "llama-yarn", "llama-linear-tied",
                                      "qwen3", "gemma"))
     torch.testing.assert_close(decode, prefill, atol=0 if exact else 1e-4, rtol=0 if exact else 1e-4)
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        cached, _ = load_model(family.directory, quantization="int8", progress=False)
+    assert "ignoring the cached" not in caplog.text and list(tmp_path.glob("*/model.pt"))
+    assert cached.config == quantized.config  # read back from the cache: every option kept
+    assert torch.equal(run_schedule(cached, [ids], [[40]])[0], prefill)
 
 
 def test_sliding_window_is_config(family) -> None:

@@ -50,7 +50,8 @@ def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def write_gguf(path, hf, arch: str) -> None:
+def write_gguf(path, hf, arch: str, q8: bool = False) -> None:
+    """q8: matrices stored as Q8_0 blocks (the rest float32, as llama.cpp keeps norms)."""
     cfg = hf.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -101,7 +102,12 @@ def write_gguf(path, hf, arch: str) -> None:
             array = _llama_cpp_permute(array, heads)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), array)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if q8 and array.ndim == 2:
+            kind = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -120,3 +126,27 @@ def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch) -
         ids = _ids(40, 4)
         (logits,) = run_schedule(model, [ids], [[40]])
         torch.testing.assert_close(logits, hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama3-rope-biases", "phi3-longrope-sliding", "gemma3"])
+def test_gguf_blocks_run_as_stored(name, tmp_path, monkeypatch) -> None:
+    """quantization='gguf' keeps Q8_0 blocks: un-permuted (llama), split and fused again (Phi-3),
+    they are the widened model's weights; the logits stay close to it."""
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model_type, options = FAMILIES[name]
+    arch, changes = CONVERTED[name]
+    write_gguf(tmp_path / "q8.gguf", make_hf(model_type, {**options, **changes}, seed=3), arch,
+               q8=True)
+    stored, _ = load_model(tmp_path / "q8.gguf", quantization="gguf", progress=False)
+    wide, _ = load_model(tmp_path / "q8.gguf", progress=False)
+    for layer, float_layer in zip(stored.layers, wide.layers):
+        for proj in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            weight = getattr(float_layer, proj).weight
+            rows = getattr(layer, proj).dense_rows(torch.arange(weight.shape[0]))
+            assert torch.equal(rows, weight), proj
+            # One product per fused layer: q, k, v (gate, up) stacked again as blocks.
+            assert [p.kind for p in getattr(layer, proj).parts] == ["Q8_0"], proj
+    ids = _ids(40, 4)
+    (ours,) = run_schedule(stored, [ids], [[40]])
+    (widened,) = run_schedule(wide, [ids], [[40]])
+    assert (ours - widened).abs().max() < 0.15 * widened.abs().max()  # int8 activations
