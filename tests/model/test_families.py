@@ -123,10 +123,12 @@ def test_greedy_and_speculative_generation(family) -> None:
         assert run_all(engine)[rid].token_ids == expected[len(prompt):], name
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_learned_heads_keep_greedy_output(family, kind) -> None:
-    """EAGLE / Medusa heads (untrained) on the families whose embedding, norms, windows or
-    ropes differ most from Llama: greedy output is still the target's."""
+@pytest.mark.parametrize("kind,tree", [("eagle", None), ("medusa", None), ("medusa", (2, 2))],
+                         ids=["eagle", "medusa", "medusa-tree"])
+def test_learned_heads_keep_greedy_output(family, kind, tree) -> None:
+    """EAGLE / Medusa heads (untrained; chains, and a tree whose rows attend through the
+    sliding-window masks) on the families whose embedding, norms, windows or ropes differ most
+    from Llama: greedy output is still the target's."""
     if family.name not in ("gemma2", "gemma3", "qwen2-sliding-tied"):
         pytest.skip("three families cover the options the heads read")
     head = new_head(HeadConfig.for_target(kind, family.ours.config), family.ours,
@@ -138,7 +140,8 @@ def test_learned_heads_keep_greedy_output(family, kind) -> None:
     outputs = []
     for drafter_or_none in (None, drafter):
         spec = SpeculativeConfig(method="none" if drafter_or_none is None else kind,
-                                 num_speculative_tokens=3, adaptive=False)
+                                 num_speculative_tokens=3, adaptive=False,
+                                 tree=None if drafter_or_none is None else tree)
         config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=512,
                               cache=CacheConfig(4, 64), speculative=spec)
         engine = LLMEngine(family.ours, word_tokenizer(VOCAB), config, drafter_or_none)
