@@ -178,10 +178,11 @@ def load_model(
     quantization: str | None = None,
     group_size: int = 32,
 ) -> tuple[LlamaModel, Tokenizer]:
-    """Load a Llama-family checkpoint and its tokenizer.
+    """Load a checkpoint of a supported family (docs/models.md) and its tokenizer.
 
     model: None for the embedded SmolLM2-135M-Instruct; a path to a .gguf file; or a Hugging
-        Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+        Face checkpoint directory (config.json, *.safetensors, tokenizer.json). An architecture
+        or option the model does not implement is a ValueError naming it.
     dtype: torch.float32 or torch.bfloat16 for the weights (logits are always float32).
     device: where the weights and KV cache live ("cpu", "cuda", "cuda:1", ...).
     progress: show a progress bar while a GGUF file is dequantized.
