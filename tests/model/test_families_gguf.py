@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from verispec.model import load_model
+from transformers import AutoModelForCausalLM
+
+from verispec.model import converted_checkpoint_dir, load_model
 from verispec.model.chat_template import CHATML_TEMPLATE
 
 from .conftest import tiny_vocab
@@ -126,6 +128,11 @@ def test_gguf_of_each_family_matches_transformers(name, tmp_path, monkeypatch) -
         ids = _ids(40, 4)
         (logits,) = run_schedule(model, [ids], [[40]])
         torch.testing.assert_close(logits, hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+    # The converted directory is the family's own checkpoint for transformers too (Phi-3's
+    # tensors fused again, llama.cpp's rope_freqs as an equivalent longrope).
+    again = AutoModelForCausalLM.from_pretrained(converted_checkpoint_dir(tmp_path / "tiny.gguf"))
+    assert type(again) is type(hf)
+    torch.testing.assert_close(hf_logits(again.eval(), ids), hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["llama3-rope-biases", "phi3-longrope-sliding", "gemma3"])

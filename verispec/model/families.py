@@ -174,6 +174,23 @@ def _split_rows(tensor: Weight, widths: list[int]) -> list[Weight]:
     return [tensor.select_rows(torch.arange(s, s + w)) for s, w in zip(starts, widths)]
 
 
+def fuse_for(model_type: str, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of split_fused for a family whose transformers class holds fused tensors
+    (Phi-3); other families' weights are returned as they are."""
+    if model_type != "phi3":
+        return weights
+    out = dict(weights)
+    for name in weights:
+        if name.endswith("self_attn.q_proj.weight"):
+            base = name[: -len("q_proj.weight")]
+            out[base + "qkv_proj.weight"] = torch.cat([out.pop(f"{base}{x}_proj.weight") for x in "qkv"])
+        elif name.endswith("mlp.gate_proj.weight"):
+            base = name[: -len("gate_proj.weight")]
+            out[base + "gate_up_proj.weight"] = torch.cat([out.pop(base + "gate_proj.weight"),
+                                                           out.pop(base + "up_proj.weight")])
+    return out
+
+
 def split_fused(weights: dict[str, Weight], config: ModelConfig) -> dict[str, Weight]:
     """Phi-3's fused self_attn.qkv_proj and mlp.gate_up_proj split into Llama's q/k/v and
     gate/up: the model fuses them again in its own layout."""

@@ -9,6 +9,7 @@ so that transformers loads it too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from verispec.model.config import ModelConfig
-from verispec.model.families import FAMILIES, config_fields, split_fused
+from verispec.model.families import FAMILIES, config_fields, fuse_for, split_fused
 
 # config.json key holding ModelConfig.to_dict() in directories this module writes.
 OWN_CONFIG_KEY = "verispec_config"
@@ -111,10 +112,16 @@ def read_weights(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor
 def _family_keys(config: ModelConfig) -> dict[str, Any]:
     """The keys beyond Llama's that transformers reads for the config's options."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
-    if config.rope_scaling is not None:
-        scaling = {k: list(v) if isinstance(v, tuple) else v
-                   for k, v in config.rope_scaling.__dict__.items() if v is not None}
-        rope.update(scaling, rope_theta=config.rope_theta)
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.rope_type == "freq_factors":
+        # transformers has no such type; its longrope with equal factors and no attention
+        # factor divides each frequency the same way.
+        rope.update(rope_type="longrope", factor=1.0, attention_factor=1.0,
+                    original_max_position_embeddings=config.max_position_embeddings,
+                    short_factor=list(scaling.short_factor), long_factor=list(scaling.short_factor))
+    elif scaling is not None:
+        rope.update({k: list(v) if isinstance(v, tuple) else v
+                     for k, v in dataclasses.asdict(scaling).items() if v is not None and v != ()})
     if config.local_rope_theta is not None:
         rope = {"full_attention": rope, "sliding_attention": {
             "rope_type": "default", "rope_theta": config.local_rope_theta}}
@@ -124,7 +131,8 @@ def _family_keys(config: ModelConfig) -> dict[str, Any]:
     if config.layer_types:
         keys["layer_types"] = list(config.layer_types)
     if config.attention_scale is not None:
-        keys["query_pre_attn_scalar"] = config.attention_scale ** -2
+        scalar = config.attention_scale ** -2
+        keys["query_pre_attn_scalar"] = round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
     keys["attn_logit_softcapping"] = config.attn_logit_softcap
     keys["final_logit_softcapping"] = config.final_logit_softcap
     keys["hidden_activation"] = config.hidden_act
@@ -151,11 +159,12 @@ def write_checkpoint(directory: Path, config: ModelConfig, weights: dict[str, to
         "tie_word_embeddings": config.tie_word_embeddings,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": list(config.eos_token_ids),
+        "pad_token_id": None,  # not a family default that may lie outside this vocabulary
         "hidden_act": config.hidden_act,
         "torch_dtype": "float32",
         **_family_keys(config),
         OWN_CONFIG_KEY: config.to_dict(),
     }
     (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
-    save_file({name: t.contiguous() for name, t in weights.items()},
+    save_file({name: t.contiguous() for name, t in fuse_for(model_type, weights).items()},
               str(directory / "model.safetensors"), metadata={"format": "pt"})
