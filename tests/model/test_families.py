@@ -227,3 +227,15 @@ def test_several_eos_ids_and_generation_config(tmp_path) -> None:
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 5]}))
     model, tokenizer = load_model(tmp_path, progress=False)
     assert model.config.eos_token_ids == (2, 3, 5)
+
+
+def test_gemmas_legacy_gelu_is_the_tanh_form(tmp_path) -> None:
+    """Gemma's first config.json files say hidden_act="gelu"; transformers runs the tanh form."""
+    hf = make_hf("gemma", dict(hidden_act="gelu"), seed=0)
+    assert hf.config.hidden_act == "gelu_pytorch_tanh"
+    hf.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "hidden_act": "gelu"}))
+    tiny_tokenizer().save(tmp_path)
+    model, _ = load_model(tmp_path, progress=False)
+    assert model.config.hidden_act == "gelu_pytorch_tanh"

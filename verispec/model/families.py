@@ -136,6 +136,8 @@ def config_fields(raw: dict[str, Any], directory: Path) -> dict[str, Any]:
     gemma = family in _GEMMAS
     act = raw.get("hidden_activation") or raw.get("hidden_act") or \
         ("gelu_pytorch_tanh" if gemma else "silu")
+    if gemma and act == "gelu":  # Gemma's first releases said "gelu" for the tanh form, as
+        act = "gelu_pytorch_tanh"  # transformers reads it too
     bias = _bool(raw, "attention_bias", False)
     fields: dict[str, Any] = {
         "hidden_act": act,
