@@ -58,6 +58,7 @@ def _scaling(params: dict[str, Any], raw: dict[str, Any], directory: Path,
              max_positions: object) -> tuple[object, RopeScaling | None]:
     """(theta, scaling) from one rope_parameters (or rope_scaling) object."""
     rope_type = params.get("rope_type", params.get("type", "default"))
+    rope_type = {"su": "longrope"}.get(rope_type, rope_type)  # Phi-3's first config.json files
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
