@@ -60,7 +60,9 @@ FAMILIES = {
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters=dict(full_attention=dict(rope_type="linear", rope_theta=1e6, factor=4.0),
                              sliding_attention=dict(rope_type="default", rope_theta=1e4)))),
-    "phi3-longrope-sliding": ("phi3", dict(sliding_window=16, rope_parameters=dict(
+    # Phi3Config's own original_max_position_embeddings (4096) would override the rope's.
+    "phi3-longrope-sliding": ("phi3", dict(sliding_window=16, original_max_position_embeddings=64,
+                                           rope_parameters=dict(
         rope_type="longrope", rope_theta=1e4, original_max_position_embeddings=64, **_FACTORS))),
 }
 
@@ -166,7 +168,10 @@ def test_int8_weights(family, tmp_path, monkeypatch, caplog) -> None:
     exact = quantized.rowwise_attention
     assert exact == (family.name in ("llama3-rope-biases", "llama-yarn", "llama-linear-tied",
                                      "qwen3", "gemma"))
-    torch.testing.assert_close(decode, prefill, atol=0 if exact else 1e-4, rtol=0 if exact else 1e-4)
+    if exact:
+        assert torch.equal(decode, prefill)
+    else:  # SDPA's rounding differs by batch shape; int8 activations can magnify it
+        assert (decode - prefill).abs().max() < 0.02 * prefill.abs().max()
     with caplog.at_level(logging.WARNING, logger="verispec"):
         cached, _ = load_model(family.directory, quantization="int8", progress=False)
     assert "ignoring the cached" not in caplog.text and list(tmp_path.glob("*/model.pt"))
@@ -239,3 +244,22 @@ def test_gemmas_legacy_gelu_is_the_tanh_form(tmp_path) -> None:
     tiny_tokenizer().save(tmp_path)
     model, _ = load_model(tmp_path, progress=False)
     assert model.config.hidden_act == "gelu_pytorch_tanh"
+
+
+def test_transformers_4_rope_keys(tmp_path) -> None:
+    """Files written before transformers 5: rope_theta + rope_scaling (Phi-3's early "su" type,
+    original_max_position_embeddings at the top level) read as rope_parameters are."""
+    model_type, options = FAMILIES["phi3-longrope-sliding"]
+    hf = make_hf(model_type, options, seed=0)
+    hf.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    rope = raw.pop("rope_parameters")
+    raw.update(rope_theta=rope["rope_theta"], original_max_position_embeddings=64,
+               rope_scaling=dict(type="su", short_factor=rope["short_factor"],
+                                 long_factor=rope["long_factor"]))
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    tiny_tokenizer().save(tmp_path)
+    model, _ = load_model(tmp_path, progress=False)
+    ids = _ids(40, 1)
+    torch.testing.assert_close(run_schedule(model, [ids], [[40]])[0], hf_logits(hf, ids),
+                               atol=1e-4, rtol=1e-4)

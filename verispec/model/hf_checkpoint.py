@@ -122,12 +122,15 @@ def _family_keys(config: ModelConfig) -> dict[str, Any]:
     elif scaling is not None:
         rope.update({k: list(v) if isinstance(v, tuple) else v
                      for k, v in dataclasses.asdict(scaling).items() if v is not None and v != ()})
+    original = rope.get("original_max_position_embeddings")
     if config.local_rope_theta is not None:
         rope = {"full_attention": rope, "sliding_attention": {
             "rope_type": "default", "rope_theta": config.local_rope_theta}}
     keys: dict[str, Any] = {"rope_parameters": rope, "attention_bias": config.o_bias,
                             "mlp_bias": config.mlp_bias, "sliding_window": config.sliding_window,
                             "use_sliding_window": config.sliding_window is not None}
+    if original is not None:  # Phi3Config's own default would override the rope's
+        keys["original_max_position_embeddings"] = original
     if config.layer_types:
         keys["layer_types"] = list(config.layer_types)
     if config.attention_scale is not None:
