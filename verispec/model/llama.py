@@ -196,14 +196,14 @@ class LlamaModel(nn.Module):
         self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
         # Quantized models attend row by row (verispec.model.attention) where it is compiled
         # and the kernel implements the attention: no sliding window, no soft cap.
+        self.layer_windows = [config.window_of(i) for i in range(config.num_layers)]
         self.rowwise_attention = quantized and compiled_kernels() is not None \
-            and config.sliding_window is None and config.attn_logit_softcap is None
+            and set(self.layer_windows) == {None} and config.attn_logit_softcap is None
         ropes = [config.rope_of(i) for i in range(config.num_layers)]
         self.rotaries = {rope: RotaryEmbedding(config.head_dim, rope[0], dtype, device, rope[1],
                                                config.max_position_embeddings)
                          for rope in dict.fromkeys(ropes)}
         self.layer_ropes = ropes
-        self.layer_windows = [config.window_of(i) for i in range(config.num_layers)]
         self.embedding_scale = config.embedding_scale
         self.widening = widening = None if quantized else widening_for(dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, widening, quantized)
