@@ -1,6 +1,6 @@
 """Every supported family against transformers' own model classes: tiny random checkpoints
 (AutoConfig.for_model, save_pretrained), loaded by verispec. Logits over a prompt longer than
-the sliding window, prefilled at once, in chunks, token by token and in ragged paged batches;
+the sliding windows, prefilled at once, in chunks, token by token and in ragged paged batches;
 greedy generation token for token; speculative greedy (n-gram, draft model) == plain."""
 
 from __future__ import annotations
@@ -97,10 +97,12 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("schedule", [[[40]], [[20], [1], [3], [16]], [[1]] * 40],
+# 24 tokens: more than every window (8, 16) and than MAX_PADDED_QUERY_LEN (16), so the prefill and
+# the 19-token chunk (with cached context) are attended on their own, the rest padded.
+@pytest.mark.parametrize("schedule", [[[24]], [[4], [1], [19]], [[1]] * 24],
                          ids=["prefill", "chunks", "decode"])
 def test_logits_match_transformers(family, schedule) -> None:
-    ids = _ids(40, 1)
+    ids = _ids(24, 1)
     (logits,) = run_schedule(family.ours, [ids], schedule)
     torch.testing.assert_close(logits, hf_logits(family.hf, ids), atol=1e-4, rtol=1e-4)
 
@@ -112,6 +114,8 @@ def test_ragged_paged_batches_match_transformers(family) -> None:
 
 
 def test_greedy_and_speculative_generation(family) -> None:
+    if family.name in ("llama-yarn", "llama-linear-tied"):
+        pytest.skip("rope variants of Llama: their logits tests cover what differs")
     prompt, steps = _ids(12, 2), 16
     expected = list(prompt)
     for _ in range(steps):
@@ -125,8 +129,8 @@ def test_greedy_and_speculative_generation(family) -> None:
         assert run_all(engine)[rid].token_ids == expected[len(prompt):], name
 
 
-@pytest.mark.parametrize("kind,tree", [("eagle", None), ("medusa", None), ("medusa", (2, 2))],
-                         ids=["eagle", "medusa", "medusa-tree"])
+@pytest.mark.parametrize("kind,tree", [("eagle", None), ("medusa", (2, 2))],
+                         ids=["eagle", "medusa-tree"])
 def test_learned_heads_keep_greedy_output(family, kind, tree) -> None:
     """EAGLE / Medusa heads (untrained; chains, and a tree whose rows attend through the
     sliding-window masks) on the families whose embedding, norms, soft caps, windows and ropes
@@ -158,10 +162,10 @@ def test_int8_weights(family, tmp_path, monkeypatch, caplog) -> None:
     sliding windows and soft caps fall back to SDPA)."""
     monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
     quantized, _ = load_model(family.directory, quantization="int8", progress=False)
-    ids = _ids(40, 1)
-    (prefill,) = run_schedule(quantized, [ids], [[40]])
-    (decode,) = run_schedule(quantized, [ids], [[1]] * 40)
-    (full,) = run_schedule(family.ours, [ids], [[40]])
+    ids = _ids(24, 1)
+    (prefill,) = run_schedule(quantized, [ids], [[24]])
+    (decode,) = run_schedule(quantized, [ids], [[1]] * 24)
+    (full,) = run_schedule(family.ours, [ids], [[24]])
     # int8 rounding of weights and activations: a few % of the logits' range (Gemma 3's random
     # (1 + w) q/k norms sharpen attention: ~10%); a dropped option would be off by far more.
     assert (prefill - full).abs().max() < 0.15 * full.abs().max()
@@ -176,7 +180,7 @@ def test_int8_weights(family, tmp_path, monkeypatch, caplog) -> None:
         cached, _ = load_model(family.directory, quantization="int8", progress=False)
     assert "ignoring the cached" not in caplog.text and list(tmp_path.glob("*/model.pt"))
     assert cached.config == quantized.config  # read back from the cache: every option kept
-    assert torch.equal(run_schedule(cached, [ids], [[40]])[0], prefill)
+    assert torch.equal(run_schedule(cached, [ids], [[24]])[0], prefill)
 
 
 def test_sliding_window_is_config(family) -> None:
