@@ -1,6 +1,8 @@
-"""End to end on the embedded default model: verispec against Hugging Face transformers.
+"""End to end on the embedded default model (or --model): verispec against Hugging Face
+transformers.
 
-Side by side in one process, on the same weights (the dequantized SmolLM2-135M-Instruct) and the
+Side by side in one process, on the same weights (the dequantized SmolLM2-135M-Instruct, or the
+--model checkpoint directory or GGUF file of any supported family, docs/models.md) and the
 same prompts, greedy, for each dtype:
 - batch 1, a copy-heavy prompt and an open-ended one: HF `generate`, HF prompt-lookup assisted
   generation, verispec without speculation, verispec with the n-gram drafter;
@@ -13,6 +15,7 @@ the same run) and whether each greedy output equals HF's token for token.
 
     python bench/e2e.py                       # fp32 and bf16, 2 threads
     python bench/e2e.py --dtype float32 --max-tokens 64
+    python bench/e2e.py --model path/to/Qwen2.5-0.5B-Instruct --dtype float32
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ def hf_generate(model, prompts: list[list[int]], max_tokens: int, **kwargs) -> t
     width = max(len(p) for p in prompts)
     pad = model.generation_config.eos_token_id
     pad = pad[0] if isinstance(pad, list) else pad
+    if pad is None:  # a checkpoint without EOS: any id pads, the mask hides it
+        pad = model.generation_config.pad_token_id or 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
@@ -92,11 +97,14 @@ def ours(llm: LLM, prompts: list[list[int]], max_tokens: int, fixed_length: bool
     return [o.token_ids for o in outs], seconds, acceptance
 
 
-def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float) -> list[dict]:
+def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float,
+              model: str | None = None) -> list[dict]:
     dtype = resolve_dtype(dtype_name)
-    plain = LLM(draft="none", dtype=dtype, kv_cache_gib=0.25, progress=False)
-    ngram = LLM(draft="ngram", num_speculative_tokens=k, dtype=dtype, kv_cache_gib=0.25, progress=False)
-    hf = AutoModelForCausalLM.from_pretrained(converted_checkpoint_dir(), dtype=dtype).eval()
+    plain = LLM(model, draft="none", dtype=dtype, kv_cache_gib=0.25, progress=False)
+    ngram = LLM(model, draft="ngram", num_speculative_tokens=k, dtype=dtype, kv_cache_gib=0.25, progress=False)
+    # transformers reads a GGUF file (and the embedded default) as verispec's converted directory.
+    directory = converted_checkpoint_dir(model) if model is None or model.endswith(".gguf") else model
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     floor_s = weight_bytes / bandwidth
     print(f"\n== {dtype_name}: weights {weight_bytes / 2**20:.0f} MiB, decode-step floor {floor_s * 1e3:.1f} ms "
@@ -171,6 +179,8 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=5, help="draft tokens per step, ours and HF prompt lookup")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=Path("bench/results/e2e.json"))
+    parser.add_argument("--model", default=None,
+                        help="a checkpoint directory or .gguf file (default: the embedded SmolLM2-135M)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bandwidth = copy_bandwidth(torch.device("cpu"))
@@ -178,7 +188,8 @@ def main() -> None:
     bf16_arithmetic = cpu_has_bf16_arithmetic()
     print(f"threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s cpu={capability} "
           f"bf16 arithmetic={'yes' if bf16_arithmetic else 'no (bf16 products of 2+ rows widened to fp32)'}")
-    rows = [row for dtype in args.dtype for row in run_dtype(dtype, args.max_tokens, args.k, bandwidth)]
+    rows = [dict(row, model=args.model or "embedded SmolLM2-135M-Instruct")
+            for dtype in args.dtype for row in run_dtype(dtype, args.max_tokens, args.k, bandwidth, args.model)]
     write_json(args.json, torch.device("cpu"), rows, copy_bandwidth_bytes_per_s=bandwidth,
                cpu_capability=capability, cpu_bf16_arithmetic=bf16_arithmetic)
 

@@ -167,10 +167,13 @@ def _edited_copy(directory: Path, target: Path, **changes) -> Path:
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "model_type='mistral'"),
-    ({"attention_bias": True}, "attention_bias=True"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope type='llama3'"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope type='linear'"),
+    ({"model_type": "falcon", "architectures": ["FalconForCausalLM"]},
+     "model_type='falcon', expected one of llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3"),
+    ({"attention_bias": True}, "missing 'model.layers.0.self_attn.q_proj.bias'"),
+    ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 5e5}}, "rope type='mrope'"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5"),
+    ({"hidden_act": "relu"}, "hidden_act='relu'"),
 ])
 def test_unsupported_architecture(tiny_checkpoint, tmp_path, changes, match) -> None:
     _, directory = tiny_checkpoint

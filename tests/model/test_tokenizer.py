@@ -99,3 +99,14 @@ def test_save_and_reload(tmp_path) -> None:
     assert again.encode(text) == tokenizer.encode(text)
     assert (again.bos_token_id, again.eos_token_id) == (1, 2)
     assert again.chat_template == CHATML_TEMPLATE
+
+
+def test_qwen2_pre_tokenizer_splits_single_digits() -> None:
+    """GGUF tokenizer.ggml.pre='qwen2' (Qwen2/2.5/3): Llama 3's split, digits one by one."""
+    from verispec.model.gguf_vocab import _PRE_TOKENIZERS
+
+    def pieces(pre: str) -> list[str]:
+        return [p for p, _ in _PRE_TOKENIZERS[pre]().pre_tokenize_str("it's 12345 ok")]
+
+    assert pieces("qwen2") == ["it", "'s", "Ġ", "1", "2", "3", "4", "5", "Ġok"]
+    assert pieces("llama3") == ["it", "'s", "Ġ", "123", "45", "Ġok"]

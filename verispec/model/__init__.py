@@ -1,4 +1,5 @@
-"""The model: a Llama-family transformer over a paged KV cache, its loaders and tokenizer."""
+"""The model: one decoder for Llama, Mistral, Qwen2/3, Gemma 1/2/3 and Phi-3 over a paged KV
+cache, its loaders and tokenizer."""
 
 from verispec.model.attention import AttentionMetadata
 from verispec.model.config import ModelConfig

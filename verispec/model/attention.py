@@ -26,6 +26,11 @@ How a batch is attended (decided once per forward by AttentionPlan, shared by al
 - longer sequences (prefill chunks) are attended one at a time, where padding would waste more
   than the call costs. A chunk with no cached context attends to its own keys directly.
 
+Sliding-window layers (ModelConfig.sliding_window) get their own plan, whose masks also hide
+keys at positions <= p - window from a query at (rotary) position p; the blocks stay allocated.
+Scores may be scaled by other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma
+2); SDPA has no soft cap, so capped attention runs as explicit products and a softmax.
+
 With `rowwise` (quantized models, whose int8 activations magnify any difference), every
 sequence is attended by the compiled row-by-row kernel instead (verispec.cpu_kernels, csrc/attention.h):
 each (row, head) on its own straight from the paged cache, so a row's result depends neither on
@@ -143,6 +148,20 @@ def new_positions(start: int, n: int, parents: list[int] | None) -> list[int]:
     return [start + d for d in depth]
 
 
+def window_applies(window: int | None, seq_len: int) -> bool:
+    """Whether a sliding window hides any key of a sequence of seq_len tokens."""
+    return window is not None and seq_len > window
+
+
+def window_mask(positions: list[int], seq_len: int, window: int,
+                device: torch.device) -> torch.Tensor:
+    """[n, seq_len] bool: keys at cache positions > p - window, for queries at rotary positions
+    p (a tree row's ancestors sit at most its depth behind it, so this keeps them for trees
+    shallower than the window)."""
+    query = torch.tensor(positions, dtype=torch.int64, device=device)
+    return torch.arange(seq_len, device=device)[None, :] > (query - window)[:, None]
+
+
 def tree_mask(parents: list[int], seq_len: int, device: torch.device) -> torch.Tensor:
     """[n, seq_len] bool: each new row may attend the cached context and its ancestors."""
     n = len(parents)
@@ -202,9 +221,14 @@ class AttentionPlan:
     every layer: which sequences share the padded call, how their rows are gathered, masks."""
 
     def __init__(self, attn: AttentionMetadata, block_size: int,
-                 widen_decode: bool = False, rowwise: bool = False) -> None:
+                 widen_decode: bool = False, rowwise: bool = False,
+                 window: int | None = None) -> None:
         """widen_decode: attend a decode-only padded group in float32; rowwise: attend the short
-        sequences row by row (module docstring)."""
+        sequences row by row; window: a sliding window (module docstring), which the row-by-row
+        kernel does not implement."""
+        if rowwise and window is not None:
+            raise ValueError(f"window={window!r} with rowwise=True: the row-by-row kernel "
+                             "attends whole sequences only")
         device = attn.slot_mapping.device
         query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
         starts = [0]
@@ -219,15 +243,14 @@ class AttentionPlan:
                 short.append(b)
                 continue
             mask = None if parents is None else tree_mask(parents, s, device)
-            if n == s:
-                self.singles.append(_Single(starts[b], starts[b + 1], s, None, mask))
-                continue
-            blocks = attn.block_tables[b, : -(-s // block_size)]
-            if mask is None:
+            if (n < s or window_applies(window, s)) and mask is None:
                 mask = torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
+            if window_applies(window, s):
+                mask &= window_mask(new_positions(s - n, n, parents), s, window, device)
+            blocks = None if n == s else attn.block_tables[b, : -(-s // block_size)]
             self.singles.append(_Single(starts[b], starts[b + 1], s, blocks, mask))
         self.rows = self._plan_rows(attn, short, starts) if short and rowwise else None
-        self.padded = self._plan_padded(attn, short, starts, block_size) \
+        self.padded = self._plan_padded(attn, short, starts, block_size, window) \
             if short and self.rows is None else None
         self.widen_padded = widen_decode and self.padded is not None \
             and self.padded.max_query_len == 1
@@ -262,7 +285,7 @@ class AttentionPlan:
 
     @staticmethod
     def _plan_padded(attn: AttentionMetadata, seqs: list[int], starts: list[int],
-                     block_size: int) -> _PaddedGroup:
+                     block_size: int, window: int | None) -> _PaddedGroup:
         device = attn.slot_mapping.device
         query_lens = [attn.query_lens_list[b] for b in seqs]
         seq_lens = [attn.seq_lens_list[b] for b in seqs]
@@ -273,7 +296,7 @@ class AttentionPlan:
         block_ids = tables[:, :num_blocks].reshape(-1)
 
         mask = None
-        if max_n > 1 or min(seq_lens) != max_s:
+        if max_n > 1 or min(seq_lens) != max_s or window_applies(window, max_s):
             # Padded query slots may attend key 0, so that no row is fully masked (NaN).
             query_pos = [[s - n + i if i < n else 0 for i in range(max_n)]
                          for n, s in zip(query_lens, seq_lens)]
@@ -284,6 +307,11 @@ class AttentionPlan:
                 parents = attn.trees[b] if attn.trees is not None else None
                 if parents is not None:
                     mask[g, 0, : len(parents), : seq_lens[g]] = tree_mask(parents, seq_lens[g], device)
+            if window_applies(window, max_s):
+                trees = attn.trees or [None] * len(attn.query_lens_list)
+                for g, (b, n, s) in enumerate(zip(seqs, query_lens, seq_lens)):
+                    mask[g, 0, :n] &= window_mask(new_positions(s - n, n, trees[b]), max_s,
+                                                  window, device)
 
         if len(seqs) == len(attn.query_lens_list) and min(query_lens) == max_n:
             return _PaddedGroup(len(seqs), max_n, max_s, block_ids, mask, None, None, None)
@@ -304,9 +332,12 @@ def paged_attention(
     kv: torch.Tensor,  # [T, 2 * num_kv_heads, head_dim], keys (rotary applied) then values
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     plan: AttentionPlan,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, num_heads * head_dim]
     """Write the new keys/values into the cache, then attend each new token causally to its
-    sequence's cached tokens (itself included)."""
+    sequence's cached tokens (itself included). scale: of the scores, None for
+    head_dim ** -0.5; softcap: scores become softcap * tanh(scores / softcap)."""
     num_tokens, num_heads, head_dim = q.shape
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     kv = kv.view(num_tokens, 2, num_kv_heads, head_dim).transpose(0, 1)
@@ -318,12 +349,12 @@ def paged_attention(
         queries = q if rows.rows is None else q.index_select(0, rows.rows)
         out = compiled_kernels().paged_attention_rows(
             queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_visible,
-            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5)
+            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5 if scale is None else scale)
         if rows.rows is None:
             return out
         result = q.new_empty(num_tokens, num_heads * head_dim)
         result.index_copy_(0, rows.rows, out)
-        _attend_singles(q, kv, kv_cache, plan, result)
+        _attend_singles(q, kv, kv_cache, plan, result, scale, softcap)
         return result
 
     group = plan.padded
@@ -337,8 +368,7 @@ def paged_attention(
         keys = gathered[0, :, : group.max_seq_len].transpose(1, 2)
         values = gathered[1, :, : group.max_seq_len].transpose(1, 2)
         queries = queries.view(group.num_seqs, group.max_query_len, num_heads, head_dim)
-        out = F.scaled_dot_product_attention(
-            queries.transpose(1, 2), keys, values, attn_mask=group.mask, enable_gqa=True)
+        out = _attend(queries.transpose(1, 2), keys, values, group.mask, False, scale, softcap)
         padded_out = out.transpose(1, 2).reshape(-1, num_heads * head_dim).to(q.dtype)
         if group.gather_rows is None:
             return padded_out
@@ -346,8 +376,33 @@ def paged_attention(
     result = q.new_empty(num_tokens, num_heads * head_dim)
     if padded_out is not None:
         result.index_copy_(0, group.scatter_rows, padded_out.index_select(0, group.valid_slots))
-    _attend_singles(q, kv, kv_cache, plan, result)
+    _attend_singles(q, kv, kv_cache, plan, result, scale, softcap)
     return result
+
+
+def _attend(
+    q: torch.Tensor,  # [B, num_heads, n, head_dim]
+    k: torch.Tensor,  # [B, num_kv_heads, S, head_dim]
+    v: torch.Tensor,  # [B, num_kv_heads, S, head_dim]
+    mask: torch.Tensor | None,  # [B, 1, n, S] or [n, S] bool, True where attended
+    causal: bool,  # without a mask: causal (n == S), or else every key attended
+    scale: float | None,
+    softcap: float | None,
+) -> torch.Tensor:  # [B, num_heads, n, head_dim]
+    """SDPA, or without it (soft-capped scores) products and a float32 softmax as transformers'
+    eager attention computes them."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              scale=scale, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.tanh(scores / softcap) * softcap
+    if causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype), v)
 
 
 def _attend_singles(
@@ -356,6 +411,8 @@ def _attend_singles(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     plan: AttentionPlan,
     result: torch.Tensor,  # [T, num_heads * head_dim], the singles' rows written
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
@@ -369,7 +426,6 @@ def _attend_singles(
             gathered = gathered.view(2, -1, num_kv_heads, head_dim)[:, : single.seq_len]
             keys = gathered[0].transpose(0, 1).unsqueeze(0)
             values = gathered[1].transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=single.mask, is_causal=single.mask is None,
-            enable_gqa=True)
+        out = _attend(queries, keys, values, single.mask, single.mask is None, scale,
+                      softcap)
         result[single.start : single.end] = out[0].transpose(0, 1).reshape(-1, num_heads * head_dim)

@@ -1,11 +1,19 @@
 """Reading a llama.cpp GGUF file: config, tokenizer and weights in HF names.
 
+Architectures (general.architecture): llama (Llama 2/3.x, Mistral, SmolLM2), qwen2, qwen3,
+gemma, gemma2, gemma3 (text) and phi3. Options are read from the metadata where llama.cpp writes
+them, from the tensors present (biases, q/k norms, sandwich norms, rope_freqs, Phi-3's
+rope_factors_long/short) and otherwise from what llama.cpp hard-codes for the architecture
+(Gemma: 1 + w norms stored as such, GeGLU, sqrt(hidden) embedding scale; Gemma 2: every other
+layer sliding; Gemma 3: every sixth layer global, local rope base 10000).
+
 Quantized tensors are either kept as stored (`stored=True`: Q4_0, Q4_1, Q8_0 and Q4_K as
 QuantizedWeight, verispec.model.quant; other types widened to float32 with a logged note) or all
 dequantized to float32 with the gguf package. llama.cpp's
 converter permutes the rows of the q and k projections so that its rotary kernel can rotate
 adjacent pairs (x0, x1), (x2, x3), ...; our rotary rotates halves (x_i, x_{i + d/2}) as Hugging
-Face does, so the permutation is undone here.
+Face does, so the permutation is undone here (llama only: llama.cpp's other architectures use
+the rotate-half rotary and store q and k as they are).
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 from tqdm import tqdm
 
-from verispec.model.config import ModelConfig
+from verispec.model.config import ModelConfig, RopeScaling
+from verispec.model.families import split_fused
 from verispec.model.gguf_vocab import build_bpe_tokenizer
 from verispec.model.quant.formats import GGUF_TYPES, QuantizedWeight, from_gguf
 from verispec.model.tokenizer import Tokenizer
@@ -29,10 +38,16 @@ from verispec.model.tokenizer import Tokenizer
 _MISSING = object()
 _log = logging.getLogger("verispec")
 
-# GGUF tensor name -> Hugging Face name ("{i}" is the layer index).
+# GGUF tensor name -> Hugging Face name ("{i}" is the layer index). With sandwich norms (Gemma
+# 2/3) ffn_norm is the MLP's input norm and post_attention_norm the attention output's.
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -46,6 +61,15 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Rotary scaling stored as tensors: read into the config, not loaded as weights.
+_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# general.architecture -> Hugging Face model_type.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+                 "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3"}
+_GEMMAS = ("gemma", "gemma2", "gemma3")
+# llama.cpp's layer counts of Gemma 2 27B and Gemma 3 27B, whose scores it scales by
+# (hidden / heads) ** -0.5 instead of head_dim ** -0.5 (query_pre_attn_scalar).
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 @dataclass
@@ -56,6 +80,7 @@ class GGUFCheckpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     weights: dict[str, torch.Tensor | QuantizedWeight]
+    model_type: str = "llama"  # the Hugging Face family (families.FAMILIES)
 
 
 class _BoundedReader(GGUFReader):
@@ -108,12 +133,17 @@ class _Metadata:
         return value
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str, sandwich: bool) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+        name = _LAYER_NAMES[parts[2]]
+        if parts[2] == "ffn_norm" and sandwich:
+            name = "pre_feedforward_layernorm"
+        elif parts[2] == "ffn_up" and arch == "phi3":
+            name = "mlp.gate_up_proj"  # llama.cpp keeps Phi-3's gate and up fused
+        return f"model.layers.{parts[1]}.{name}.{parts[3]}"
     return None
 
 
@@ -123,41 +153,116 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:  # [heads * head_d
         .reshape(weight.shape)
 
 
-def _read_config(meta: _Metadata, tensor_names: set[str], vocab_size: int) -> ModelConfig:
+def _factors(tensors: dict[str, ReaderTensor], name: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.asarray(dequantize(tensors[name].data,
+                                                         tensors[name].tensor_type)).ravel())
+
+
+def _rope_scaling(meta: _Metadata, arch: str, tensors: dict[str, ReaderTensor],
+                  context: int) -> RopeScaling | None:
+    if "rope_factors_long.weight" in tensors:
+        original = meta.get(f"{arch}.rope.scaling.original_context_length", int, context)
+        return RopeScaling("longrope", factor=context / original,
+                           original_max_position_embeddings=original,
+                           attention_factor=meta.get(f"{arch}.rope.scaling.attn_factor",
+                                                     (int, float), None),
+                           short_factor=_factors(tensors, "rope_factors_short.weight"),
+                           long_factor=_factors(tensors, "rope_factors_long.weight"))
+    if "rope_freqs.weight" in tensors:
+        return RopeScaling("freq_factors", short_factor=_factors(tensors, "rope_freqs.weight"))
+    kind = meta.get(f"{arch}.rope.scaling.type", str, "none")
+    if kind == "none":
+        return None
+    factor = meta.get(f"{arch}.rope.scaling.factor", (int, float), 1.0)
+    if kind == "linear":
+        return RopeScaling("linear", factor=factor)
+    if kind == "yarn":
+        return RopeScaling("yarn", factor=factor,
+                           original_max_position_embeddings=meta.get(
+                               f"{arch}.rope.scaling.original_context_length", int),
+                           beta_fast=meta.get(f"{arch}.rope.scaling.yarn_beta_fast", (int, float), 32.0),
+                           beta_slow=meta.get(f"{arch}.rope.scaling.yarn_beta_slow", (int, float), 1.0))
+    raise ValueError(f"model={str(meta.path)!r} is not supported: {arch}.rope.scaling.type="
+                     f"{kind!r}, expected one of 'none', 'linear', 'yarn'")
+
+
+def _family_options(meta: _Metadata, arch: str, layers: int, hidden: int, heads: int,
+                    head_dim: int) -> dict[str, object]:
+    """What llama.cpp stores or hard-codes for Gemma and for sliding windows (module docstring)."""
+    options: dict[str, object] = {}
+    window = meta.get(f"{arch}.attention.sliding_window", int, None)
+    if window is not None and window > 0:
+        options["sliding_window"] = window
+        # A period (every period-th layer global) or one bool per layer (True: sliding).
+        pattern = meta.get(f"{arch}.attention.sliding_window_pattern", (int, list),
+                           {"gemma2": 2, "gemma3": 6}.get(arch))
+        if isinstance(pattern, int) and pattern > 0:
+            pattern = [bool((i + 1) % pattern) for i in range(layers)]
+        if isinstance(pattern, list):
+            options["layer_types"] = tuple("sliding_attention" if sliding else "full_attention"
+                                           for sliding in pattern)
+    if arch in _GEMMAS:
+        options.update(hidden_act="gelu_pytorch_tanh", norm_weight_offset=1.0,
+                       embedding_scale=hidden ** 0.5)
+    scale = meta.get(f"{arch}.attention.scale", (int, float), None)
+    if scale is not None:
+        options["attention_scale"] = float(scale)
+    elif arch in _GEMMA_27B_LAYERS:
+        scalar = hidden / heads if layers == _GEMMA_27B_LAYERS[arch] else head_dim
+        options["attention_scale"] = scalar ** -0.5
+    for key, field in (("attn_logit_softcapping", "attn_logit_softcap"),
+                       ("final_logit_softcapping", "final_logit_softcap")):
+        value = meta.get(f"{arch}.{key}", (int, float), None)
+        if value is not None and value > 0:
+            options[field] = float(value)
+    if arch == "gemma3":
+        options["local_rope_theta"] = 10000.0
+    return options
+
+
+def _read_config(meta: _Metadata, tensors: dict[str, ReaderTensor],
+                 vocab_size: int) -> tuple[ModelConfig, str]:
+    """The config and the Hugging Face model_type."""
     arch = meta.get("general.architecture", str)
-    if arch != "llama":
+    if arch not in ARCHITECTURES:
         raise ValueError(f"model={str(meta.path)!r} is not supported: general.architecture="
-                         f"{arch!r}, expected 'llama'")
-    scaling = meta.get(f"{arch}.rope.scaling.type", str, "none")
-    if scaling != "none" or "rope_freqs.weight" in tensor_names:
-        raise ValueError(f"model={str(meta.path)!r} is not supported: it uses rope scaling "
-                         f"({scaling!r}); only plain Llama RoPE is implemented")
+                         f"{arch!r}, expected one of {', '.join(ARCHITECTURES)}")
     hidden = meta.get(f"{arch}.embedding_length", int)
     heads = meta.get(f"{arch}.attention.head_count", int)
+    layers = meta.get(f"{arch}.block_count", int)
     head_dim = meta.get(f"{arch}.attention.key_length", int, hidden // heads if heads > 0 else 0)
     rotary_dim = meta.get(f"{arch}.rope.dimension_count", int, head_dim)
     if rotary_dim != head_dim:
         raise ValueError(f"model={str(meta.path)!r} is not supported: rope.dimension_count="
                          f"{rotary_dim}, expected head_dim={head_dim} (partial rotary)")
+    context = meta.get(f"{arch}.context_length", int, 2048)
     eos = [meta.get(f"tokenizer.ggml.{key}_token_id", int, -1) for key in ("eos", "eot", "eom")]
     try:
-        return ModelConfig(
+        config = ModelConfig(
             vocab_size=meta.get(f"{arch}.vocab_size", int, vocab_size),
             hidden_size=hidden,
             intermediate_size=meta.get(f"{arch}.feed_forward_length", int),
-            num_layers=meta.get(f"{arch}.block_count", int),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", int, heads),
             head_dim=head_dim,
             rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", (int, float)),
             rope_theta=meta.get(f"{arch}.rope.freq_base", (int, float), 10000.0),
-            max_position_embeddings=meta.get(f"{arch}.context_length", int, 2048),
-            tie_word_embeddings="output.weight" not in tensor_names,
+            max_position_embeddings=context,
+            tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(dict.fromkeys(t for t in eos if t >= 0)),
+            rope_scaling=_rope_scaling(meta, arch, tensors, context),
+            qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+            o_bias="blk.0.attn_output.bias" in tensors,
+            mlp_bias="blk.0.ffn_down.bias" in tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in tensors,
+            sandwich_norms="blk.0.post_ffw_norm.weight" in tensors,
+            **_family_options(meta, arch, layers, hidden, heads, head_dim),
         )
     except ValueError as error:
         raise ValueError(f"model={str(meta.path)!r} has invalid GGUF metadata: {error}") from None
+    return config, ARCHITECTURES[arch]
 
 
 def _read_tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
@@ -186,18 +291,20 @@ def _read_tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
                      meta.get("tokenizer.chat_template", str, None))
 
 
-def _heads_of(name: str, config: ModelConfig) -> int | None:
+def _heads_of(name: str, config: ModelConfig, arch: str) -> int | None:
     """The head count whose rows llama.cpp permuted in this tensor (None: not permuted)."""
-    if name.endswith("attn_q.weight"):
+    if arch != "llama":
+        return None
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
         return config.num_heads
-    if name.endswith("attn_k.weight"):
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
         return config.num_kv_heads
     return None
 
 
-def _convert_tensor(tensor: ReaderTensor, config: ModelConfig,
+def _convert_tensor(tensor: ReaderTensor, config: ModelConfig, arch: str,
                     stored: bool) -> torch.Tensor | QuantizedWeight:
-    heads = _heads_of(tensor.name, config)
+    heads = _heads_of(tensor.name, config, arch)
     kind = tensor.tensor_type.name
     if stored and kind in GGUF_TYPES:
         weight = from_gguf(np.asarray(tensor.data), kind, int(tensor.shape[0]))
@@ -212,6 +319,8 @@ def _convert_tensor(tensor: ReaderTensor, config: ModelConfig,
     array = np.require(dequantize(tensor.data, tensor.tensor_type), np.float32, ["C", "W"])
     if heads is not None:
         array = _unpermute(array, heads)
+    if arch in _GEMMAS and tensor.name.endswith("norm.weight"):
+        array = array - 1.0  # llama.cpp stores Gemma's 1 + w; the checkpoint names hold w
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
@@ -220,21 +329,25 @@ def read_gguf(path: Path, progress: bool, stored: bool = False) -> GGUFCheckpoin
     `stored` keep the block types the kernels run as they are (a fraction of a second)."""
     reader = _open(path)
     meta = _Metadata(reader, path)
-    tensor_names = {t.name for t in reader.tensors}
-    config = _read_config(meta, tensor_names, len(meta.get("tokenizer.ggml.tokens", list)))
-    weights: dict[str, torch.Tensor] = {}
+    tensors = {t.name: t for t in reader.tensors}
+    config, model_type = _read_config(meta, tensors, len(meta.get("tokenizer.ggml.tokens", list)))
+    arch = meta.get("general.architecture", str)
+    weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in tqdm(reader.tensors, desc=f"{'Reading' if stored else 'Dequantizing'} "
                        f"{path.name}", unit="tensor", disable=not progress):
-        name = _hf_name(tensor.name)
+        if tensor.name in _ROPE_TENSORS:
+            continue
+        name = _hf_name(tensor.name, arch, config.sandwich_norms)
         if name is None:
-            raise ValueError(f"model={str(path)!r} has tensor {tensor.name!r}, which a Llama "
-                             f"model does not use")
+            raise ValueError(f"model={str(path)!r} has tensor {tensor.name!r}, which a "
+                             f"{arch} model does not use")
         try:
-            weights[name] = _convert_tensor(tensor, config, stored)
+            weights[name] = _convert_tensor(tensor, config, arch, stored)
         # dequantize raises NotImplementedError for quantization types it lacks, and numpy a
         # ValueError when the q/k rows do not split into the config's heads.
         except (NotImplementedError, ValueError) as error:
             raise ValueError(f"model={str(path)!r} has tensor {tensor.name!r} "
                              f"({tensor.tensor_type.name}, shape {tensor.shape.tolist()}) that "
                              f"cannot be read: {error}") from None
-    return GGUFCheckpoint(config, _read_tokenizer(meta, config), weights)
+    return GGUFCheckpoint(config, _read_tokenizer(meta, config), split_fused(weights, config),
+                          model_type)

@@ -16,6 +16,8 @@ _LLAMA3_SPLIT = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2 / 2.5 / 3: Llama 3's split with single digits.
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 def _gpt2() -> pre_tokenizers.PreTokenizer:
@@ -27,17 +29,25 @@ def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
-def _llama3() -> pre_tokenizers.PreTokenizer:
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
+
+
+def _llama3() -> pre_tokenizers.PreTokenizer:
+    return _split_then_bytes(_LLAMA3_SPLIT)
+
+
+def _qwen2() -> pre_tokenizers.PreTokenizer:
+    return _split_then_bytes(_QWEN2_SPLIT)
 
 
 _PRE_TOKENIZERS = {
     "default": _gpt2, "gpt2": _gpt2, "gpt-2": _gpt2,
     "starcoder": _digits_then_gpt2, "smollm": _digits_then_gpt2, "refact": _digits_then_gpt2,
-    "llama-bpe": _llama3, "llama3": _llama3,
+    "llama-bpe": _llama3, "llama3": _llama3, "qwen2": _qwen2,
 }
 
 

@@ -1,12 +1,15 @@
 """Hugging Face checkpoint directories: config.json + *.safetensors (+ tokenizer files).
 
-Reads the Llama family only, and refuses what the model does not implement (rope scaling,
-biases, other activations) instead of running it wrongly. Also writes such a directory: the
-GGUF loader caches its dequantized weights in this form (loadable by transformers too).
+Reads the families of verispec.model.families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3),
+and refuses what the model does not implement instead of running it wrongly. Also writes such a
+directory: the GGUF loader caches its dequantized weights in this form, with the exact
+ModelConfig under config.json's "verispec_config" (read back first), and the family's own keys
+so that transformers loads it too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,13 +19,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from verispec.model.config import ModelConfig
+from verispec.model.families import FAMILIES, config_fields, fuse_for, split_fused
 
-_ARCHITECTURES = ("LlamaForCausalLM",)
-
-
-def _unsupported(directory: Path, what: str, value: object, expected: str) -> ValueError:
-    return ValueError(f"model={str(directory)!r} is not supported: config.json has "
-                      f"{what}={value!r}, expected {expected}")
+# config.json key holding ModelConfig.to_dict() in directories this module writes.
+OWN_CONFIG_KEY = "verispec_config"
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -43,18 +43,6 @@ def _as_ids(value: object) -> list[object]:
     return list(value) if isinstance(value, list) else [value]
 
 
-def _rope_theta(raw: dict[str, Any], directory: Path) -> object:
-    # transformers < 5 writes rope_theta + rope_scaling; 5.x writes rope_parameters.
-    params = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or params
-    if not isinstance(scaling, dict):
-        raise _unsupported(directory, "rope_scaling", scaling, "an object or null")
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type != "default":
-        raise _unsupported(directory, "rope type", rope_type, "'default' (plain Llama RoPE)")
-    return raw.get("rope_theta", params.get("rope_theta", 10000.0))
-
-
 def _required(raw: dict[str, Any], key: str, directory: Path) -> object:
     if raw.get(key) is None:
         raise ValueError(f"model={str(directory)!r} is invalid: config.json lacks {key!r}")
@@ -73,12 +61,13 @@ def read_config(directory: Path) -> ModelConfig:
     Every problem (a missing key, a value of the wrong type or size) is a ValueError naming the
     directory and the key."""
     raw = read_json(directory / "config.json")
-    architectures = raw.get("architectures") or []
-    if raw.get("model_type") != "llama" and not set(map(str, architectures)) & set(_ARCHITECTURES):
-        raise _unsupported(directory, "model_type", raw.get("model_type"), "'llama'")
-    for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
-        if raw.get(key, ok) != ok:
-            raise _unsupported(directory, key, raw[key], repr(ok))
+    if isinstance(raw.get(OWN_CONFIG_KEY), dict):
+        try:
+            return ModelConfig.from_dict(raw[OWN_CONFIG_KEY])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"model={str(directory)!r} has an invalid config.json "
+                             f"{OWN_CONFIG_KEY}: {error}") from None
+    fields = config_fields(raw, directory)
     eos = _as_ids(raw.get("eos_token_id"))
     generation_path = directory / "generation_config.json"
     if generation_path.is_file():
@@ -96,18 +85,18 @@ def read_config(directory: Path) -> ModelConfig:
             num_kv_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or _default_head_dim(hidden, heads),
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(raw, directory),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=raw.get("tie_word_embeddings") or False,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos),
+            **fields,
         )
     except ValueError as error:
         raise ValueError(f"model={str(directory)!r} has an invalid config.json: {error}") from None
 
 
-def read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every *.safetensors file in the directory (shards included)."""
+def read_weights(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of every *.safetensors file in the directory (shards included), fused
+    projections split into Llama's names (families.split_fused)."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model={str(directory)!r} has no *.safetensors weights")
@@ -117,15 +106,49 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
             weights.update(load_file(str(path)))
         except SafetensorError as error:
             raise ValueError(f"{str(path)!r} is not a valid safetensors file: {error}") from None
-    return weights
+    return split_fused(weights, config)
 
 
-def write_checkpoint(directory: Path, config: ModelConfig,
-                     weights: dict[str, torch.Tensor]) -> None:
-    """config.json + model.safetensors in transformers' layout (tokenizer files are separate)."""
+def _family_keys(config: ModelConfig) -> dict[str, Any]:
+    """The keys beyond Llama's that transformers reads for the config's options."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.rope_type == "freq_factors":
+        # transformers has no such type; its longrope with equal factors and no attention
+        # factor divides each frequency the same way.
+        rope.update(rope_type="longrope", factor=1.0, attention_factor=1.0,
+                    original_max_position_embeddings=config.max_position_embeddings,
+                    short_factor=list(scaling.short_factor), long_factor=list(scaling.short_factor))
+    elif scaling is not None:
+        rope.update({k: list(v) if isinstance(v, tuple) else v
+                     for k, v in dataclasses.asdict(scaling).items() if v is not None and v != ()})
+    original = rope.get("original_max_position_embeddings")
+    if config.local_rope_theta is not None:
+        rope = {"full_attention": rope, "sliding_attention": {
+            "rope_type": "default", "rope_theta": config.local_rope_theta}}
+    keys: dict[str, Any] = {"rope_parameters": rope, "attention_bias": config.o_bias,
+                            "mlp_bias": config.mlp_bias, "sliding_window": config.sliding_window,
+                            "use_sliding_window": config.sliding_window is not None}
+    if original is not None:  # Phi3Config's own default would override the rope's
+        keys["original_max_position_embeddings"] = original
+    if config.layer_types:
+        keys["layer_types"] = list(config.layer_types)
+    if config.attention_scale is not None:
+        scalar = config.attention_scale ** -2
+        keys["query_pre_attn_scalar"] = round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
+    keys["attn_logit_softcapping"] = config.attn_logit_softcap
+    keys["final_logit_softcapping"] = config.final_logit_softcap
+    keys["hidden_activation"] = config.hidden_act
+    return keys
+
+
+def write_checkpoint(directory: Path, config: ModelConfig, weights: dict[str, torch.Tensor],
+                     model_type: str = "llama") -> None:
+    """config.json + model.safetensors in transformers' layout (tokenizer files are separate);
+    model_type: one of families.FAMILIES, what transformers builds from it."""
     raw = {
-        "architectures": list(_ARCHITECTURES),
-        "model_type": "llama",
+        "architectures": [FAMILIES[model_type]],
+        "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -139,9 +162,12 @@ def write_checkpoint(directory: Path, config: ModelConfig,
         "tie_word_embeddings": config.tie_word_embeddings,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": list(config.eos_token_ids),
-        "hidden_act": "silu",
+        "pad_token_id": None,  # not a family default that may lie outside this vocabulary
+        "hidden_act": config.hidden_act,
         "torch_dtype": "float32",
+        **_family_keys(config),
+        OWN_CONFIG_KEY: config.to_dict(),
     }
     (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
-    save_file({name: t.contiguous() for name, t in weights.items()},
+    save_file({name: t.contiguous() for name, t in fuse_for(model_type, weights).items()},
               str(directory / "model.safetensors"), metadata={"format": "pt"})

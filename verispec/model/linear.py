@@ -89,16 +89,18 @@ def widening_for(dtype: torch.dtype, device: torch.device) -> WideningBuffer | N
 
 
 class Linear(nn.Module):
-    """y = x W^T without bias, W stored [out_features, in_features] as checkpoints store it.
+    """y = x W^T (+ b with `bias`), W stored [out_features, in_features] as checkpoints store it.
 
     Products run as the module docstring explains: skinny on CPU in float32, widened on CPU in
     bf16 when `widening` is given (from `widening_for`), F.linear otherwise (cuBLAS, native bf16,
     or a single bf16 row)."""
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype,
-                 device: torch.device, widening: WideningBuffer | None = None) -> None:
+                 device: torch.device, widening: WideningBuffer | None = None,
+                 bias: bool = False) -> None:
         super().__init__()
         self.weight = empty_parameter((out_features, in_features), dtype, device)
+        self.bias = empty_parameter((out_features,), dtype, device) if bias else None
         self.skinny = device.type == "cpu" and dtype == torch.float32
         self.widening = widening
 
@@ -108,6 +110,10 @@ class Linear(nn.Module):
         return skinny_rows(rows) if skinny and rows <= SKINNY_MAX_ROWS else rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        out = self._product(x)
+        return out if self.bias is None else out.add_(self.bias)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.skinny:
             return _cpu_fp32_product(self.weight, x, x.dtype)
         if self.widening is None or x.shape[0] == 1:

@@ -1,8 +1,11 @@
-"""A Llama-family decoder that runs a ragged batch against a paged KV cache.
+"""The decoder of every supported family, run over a ragged batch against a paged KV cache.
 
-RMSNorm, rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, tied or untied
-LM head: the architecture of Llama 2/3 (without rope scaling) and SmolLM2. Built for speed
-at small scale, where per-op overhead and memory traffic dominate:
+RMSNorm, rotary embeddings (rotate-half), grouped-query attention, gated MLP, tied or untied
+LM head: Llama 2/3.x and SmolLM2 with the default ModelConfig; Mistral, Qwen2/2.5/3, Gemma 1/2/3
+and Phi-3 through its options (verispec.model.config: rope scaling, biases, q/k norms, GeGLU,
+Gemma's norms and embedding scale, soft-capping, sliding-window layers). An option left at its
+default costs nothing: the Llama path runs the operations it ran before the options existed.
+Built for speed at small scale, where per-op overhead and memory traffic dominate:
 - q/k/v are one matrix and gate/up another, so a layer runs four matrix multiplies;
 - rotary is applied to q and k together, in place; norms run as one fused layer_norm (rms_norm);
 - the LM head runs only on the rows that need logits;
@@ -44,6 +47,15 @@ def rms_norm(
     return F.layer_norm(doubled, (2 * width,), doubled_weight, None, eps)[:, :width]
 
 
+def _norm_heads_(
+    x: torch.Tensor,  # [T, heads, head_dim], normed in place (a view of the fused q/k/v)
+    doubled_weight: torch.Tensor,  # [2 * head_dim]
+    eps: float,
+) -> None:
+    num_tokens, heads, head_dim = x.shape
+    x.copy_(rms_norm(x.reshape(-1, head_dim), doubled_weight, eps).view(num_tokens, heads, head_dim))
+
+
 def check_weights(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> None:
     """ValueError naming the first tensor the config needs that `weights` lacks or holds in
     another shape. Cheap: loaders run it before allocating the model."""
@@ -56,28 +68,71 @@ def check_weights(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> N
 
 
 class DecoderLayer(nn.Module):
-    """One transformer block: x += attn(norm(x)); x += mlp(norm(x))."""
+    """One transformer block: x += attn(norm(x)); x += mlp(norm(x)); with sandwich norms the
+    attention and MLP outputs are normed before they are added.
+
+    post_attention_norm is the MLP's input norm (Llama's post_attention_layernorm, Gemma 2's
+    pre_feedforward_layernorm); attn_out_norm and mlp_out_norm exist with sandwich norms only."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
                  widening: WideningBuffer | None, quantized: bool = False) -> None:
         super().__init__()
 
-        def linear(in_features: int, out_features: int) -> Linear | QuantLinear:
+        def linear(in_features: int, out_features: int, bias: bool) -> Linear | QuantLinear:
             if quantized:
-                return QuantLinear(in_features, out_features)
-            return Linear(in_features, out_features, dtype, device, widening)
+                return QuantLinear(in_features, out_features, bias)
+            return Linear(in_features, out_features, dtype, device, widening, bias)
+
+        def norm(width: int) -> nn.Parameter:  # doubled, see rms_norm
+            return empty_parameter((2 * width,), dtype, device)
 
         hidden, heads, kv_heads = config.hidden_size, config.num_heads, config.num_kv_heads
         head_dim, inter = config.head_dim, config.intermediate_size
         self.eps = config.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.inter = inter
-        self.input_norm = empty_parameter((2 * hidden,), dtype, device)  # doubled, see rms_norm
-        self.post_attention_norm = empty_parameter((2 * hidden,), dtype, device)
-        self.qkv_proj = linear(hidden, (heads + 2 * kv_heads) * head_dim)
-        self.o_proj = linear(heads * head_dim, hidden)
-        self.gate_up_proj = linear(hidden, 2 * inter)
-        self.down_proj = linear(inter, hidden)
+        self.input_norm = norm(hidden)
+        self.post_attention_norm = norm(hidden)
+        self.attn_out_norm = norm(hidden) if config.sandwich_norms else None
+        self.mlp_out_norm = norm(hidden) if config.sandwich_norms else None
+        self.q_norm = norm(head_dim) if config.qk_norm else None
+        self.k_norm = norm(head_dim) if config.qk_norm else None
+        self.qkv_proj = linear(hidden, (heads + 2 * kv_heads) * head_dim, config.qkv_bias)
+        self.o_proj = linear(heads * head_dim, hidden, config.o_bias)
+        self.gate_up_proj = linear(hidden, 2 * inter, config.mlp_bias)
+        self.down_proj = linear(inter, hidden, config.mlp_bias)
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
+        self.scale, self.softcap = config.attention_scale, config.attn_logit_softcap
+
+    def load(self, weights: Mapping[str, torch.Tensor | QuantizedWeight], prefix: str,
+             norm_offset: float) -> None:
+        """This layer's tensors from a checkpoint in Hugging Face names (prefix:
+        "model.layers.{i}."); norm_offset is added to the norm weights (Gemma's 1 + w)."""
+        def norm(parameter: nn.Parameter | None, name: str) -> None:
+            if parameter is not None:
+                parameter.copy_((weights[prefix + name] + norm_offset).repeat(2))
+
+        def fill(module: Linear | QuantLinear, names: list[str]) -> None:
+            tensors = [weights[prefix + n + ".weight"] for n in names]
+            if isinstance(module, QuantLinear):
+                module.load(tensors)
+            else:
+                module.weight.copy_(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
+            if module.bias is not None:
+                module.bias.copy_(torch.cat([weights[prefix + n + ".bias"] for n in names]))
+
+        sandwich = self.attn_out_norm is not None
+        norm(self.input_norm, "input_layernorm.weight")
+        norm(self.post_attention_norm, "pre_feedforward_layernorm.weight" if sandwich
+             else "post_attention_layernorm.weight")
+        norm(self.attn_out_norm, "post_attention_layernorm.weight")
+        norm(self.mlp_out_norm, "post_feedforward_layernorm.weight")
+        norm(self.q_norm, "self_attn.q_norm.weight")
+        norm(self.k_norm, "self_attn.k_norm.weight")
+        fill(self.qkv_proj, [f"self_attn.{x}_proj" for x in "qkv"])
+        fill(self.o_proj, ["self_attn.o_proj"])
+        fill(self.gate_up_proj, ["mlp.gate_proj", "mlp.up_proj"])
+        fill(self.down_proj, ["mlp.down_proj"])
 
     def forward(
         self,
@@ -90,20 +145,31 @@ class DecoderLayer(nn.Module):
         num_tokens = hidden.shape[0]
         x = rms_norm(hidden, self.input_norm, self.eps)
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # heads: q, then k, then v
+        if self.q_norm is not None:
+            _norm_heads_(qkv[:, : self.heads], self.q_norm, self.eps)
+            _norm_heads_(qkv[:, self.heads : self.heads + self.kv_heads], self.k_norm, self.eps)
         apply_rotary_(qkv[:, : self.heads + self.kv_heads], cos, sin)
-        attn = paged_attention(qkv[:, : self.heads], qkv[:, self.heads :], kv_cache, plan)
-        hidden += self.o_proj(attn)
+        attn = paged_attention(qkv[:, : self.heads], qkv[:, self.heads :], kv_cache, plan,
+                               self.scale, self.softcap)
+        out = self.o_proj(attn)
+        if self.attn_out_norm is not None:
+            out = rms_norm(out, self.attn_out_norm, self.eps)
+        hidden += out
 
         x = rms_norm(hidden, self.post_attention_norm, self.eps)
         gate_up = self.gate_up_proj(x)
-        act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
-        hidden += self.down_proj(act)
+        gate = gate_up[:, : self.inter]
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        out = self.down_proj(gate.mul_(gate_up[:, self.inter :]))
+        if self.mlp_out_norm is not None:
+            out = rms_norm(out, self.mlp_out_norm, self.eps)
+        hidden += out
         return hidden
 
 
 class LlamaModel(nn.Module):
-    """A Llama-family causal LM over a paged KV cache (see verispec.model.attention for the
-    terms: new tokens, seq_len, block, slot).
+    """A causal LM of any supported family over a paged KV cache (see verispec.model.attention
+    for the terms: new tokens, seq_len, block, slot).
 
     One forward pass takes the new tokens of every sequence in the batch, writes their keys and
     values into the cache, and returns logits for the requested rows only. Sequences may be
@@ -112,6 +178,9 @@ class LlamaModel(nn.Module):
     quantized: the linear layers, the embedding and the LM head take QuantizedWeights (stored
     blocks, verispec.model.quant) in `load_weights`; activations, norms and the KV cache are
     float32 (dtype must be float32), and the model runs on the CPU.
+
+    Layers with the same rotary parameters share one set of angles per forward pass, and layers
+    with the same sliding window one AttentionPlan (Gemma 2/3 alternate two of each).
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
@@ -125,9 +194,17 @@ class LlamaModel(nn.Module):
             raise ValueError(f"quantized weights run with float32 activations on the CPU, not "
                              f"dtype={dtype} on device={str(device)!r}")
         self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
-        # Quantized models attend row by row (verispec.model.attention) where it is compiled.
-        self.rowwise_attention = quantized and compiled_kernels() is not None
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, dtype, device)
+        # Quantized models attend row by row (verispec.model.attention) where it is compiled
+        # and the kernel implements the attention: no sliding window, no soft cap.
+        self.layer_windows = [config.window_of(i) for i in range(config.num_layers)]
+        self.rowwise_attention = quantized and compiled_kernels() is not None \
+            and set(self.layer_windows) == {None} and config.attn_logit_softcap is None
+        ropes = [config.rope_of(i) for i in range(config.num_layers)]
+        self.rotaries = {rope: RotaryEmbedding(config.head_dim, rope[0], dtype, device, rope[1],
+                                               config.max_position_embeddings)
+                         for rope in dict.fromkeys(ropes)}
+        self.layer_ropes = ropes
+        self.embedding_scale = config.embedding_scale
         self.widening = widening = None if quantized else widening_for(dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, widening, quantized)
                                     for _ in range(config.num_layers))
@@ -150,48 +227,33 @@ class LlamaModel(nn.Module):
 
         Raises ValueError naming the first missing tensor or one of the wrong shape."""
         check_weights(self.config, weights)
-        if self.quantized:
-            self._load_quantized(weights)
-            return
+        offset = self.config.norm_weight_offset
         with torch.no_grad():
-            self.embed_tokens.copy_(weights["model.embed_tokens.weight"])
-            self.norm.copy_(weights["model.norm.weight"].repeat(2))
-            if not self.config.tie_word_embeddings:
-                self.lm_head.weight.copy_(weights["lm_head.weight"])
+            if self.quantized:
+                embed = weights["model.embed_tokens.weight"]
+                self.embed_quantized = embed if isinstance(embed, QuantizedWeight) else embed.float()
+                self.lm_head.load([weights["model.embed_tokens.weight"
+                                           if self.config.tie_word_embeddings else "lm_head.weight"]])
+            else:
+                self.embed_tokens.copy_(weights["model.embed_tokens.weight"])
+                if not self.config.tie_word_embeddings:
+                    self.lm_head.weight.copy_(weights["lm_head.weight"])
+            self.norm.copy_((weights["model.norm.weight"] + offset).repeat(2))
             for i, layer in enumerate(self.layers):
-                p = f"model.layers.{i}."
-                layer.input_norm.copy_(weights[p + "input_layernorm.weight"].repeat(2))
-                layer.post_attention_norm.copy_(weights[p + "post_attention_layernorm.weight"].repeat(2))
-                layer.qkv_proj.weight.copy_(torch.cat([weights[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
-                layer.o_proj.weight.copy_(weights[p + "self_attn.o_proj.weight"])
-                layer.gate_up_proj.weight.copy_(torch.cat([weights[p + "mlp.gate_proj.weight"],
-                                                           weights[p + "mlp.up_proj.weight"]]))
-                layer.down_proj.weight.copy_(weights[p + "mlp.down_proj.weight"])
-
-    def _load_quantized(self, weights: Mapping[str, torch.Tensor | QuantizedWeight]) -> None:
-        embed = weights["model.embed_tokens.weight"]
-        self.embed_quantized = embed if isinstance(embed, QuantizedWeight) else embed.float()
-        self.lm_head.load([weights["model.embed_tokens.weight" if self.config.tie_word_embeddings
-                                   else "lm_head.weight"]])
-        with torch.no_grad():
-            self.norm.copy_(weights["model.norm.weight"].repeat(2))
-            for i, layer in enumerate(self.layers):
-                p = f"model.layers.{i}."
-                layer.input_norm.copy_(weights[p + "input_layernorm.weight"].repeat(2))
-                layer.post_attention_norm.copy_(weights[p + "post_attention_layernorm.weight"].repeat(2))
-                layer.qkv_proj.load([weights[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
-                layer.o_proj.load([weights[p + "self_attn.o_proj.weight"]])
-                layer.gate_up_proj.load([weights[p + "mlp.gate_proj.weight"],
-                                         weights[p + "mlp.up_proj.weight"]])
-                layer.down_proj.load([weights[p + "mlp.down_proj.weight"]])
+                layer.load(weights, f"model.layers.{i}.", offset)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] int64 -> [T, hidden_size]
-        """The input embeddings of the tokens (rows of a quantized table dequantized)."""
+        """The input embeddings of the tokens (rows of a quantized table dequantized), times the
+        embedding scale (rounded to the model's dtype first, as transformers rounds it)."""
         if not self.quantized:
-            return F.embedding(input_ids, self.embed_tokens)
-        if isinstance(self.embed_quantized, QuantizedWeight):
-            return self.embed_quantized.select_rows(input_ids).dequantize()
-        return F.embedding(input_ids, self.embed_quantized)
+            rows = F.embedding(input_ids, self.embed_tokens)
+        elif isinstance(self.embed_quantized, QuantizedWeight):
+            rows = self.embed_quantized.select_rows(input_ids).dequantize()
+        else:
+            rows = F.embedding(input_ids, self.embed_quantized)
+        if self.embedding_scale == 1.0:
+            return rows
+        return rows * torch.tensor(self.embedding_scale, dtype=rows.dtype)
 
     def lm_head_rows(self, index: torch.Tensor) -> torch.Tensor:  # [R] int64 -> [R, hidden_size]
         """Rows of the LM head's weight in the model's dtype (learned heads borrow them)."""
@@ -259,20 +321,25 @@ class LlamaModel(nn.Module):
             if not 1 <= layer_number <= self.config.num_layers:
                 raise ValueError(f"hidden_layers holds {layer_number!r}: expected layer numbers "
                                  f"in [1, {self.config.num_layers}]")
-        plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
-                             widen_decode=self.widening is not None,
-                             rowwise=self.rowwise_attention)
-        cos, sin = self.rotary.angles(positions)
+        plans = {window: AttentionPlan(attn, block_size=kv_caches[0].shape[2],
+                                       widen_decode=self.widening is not None,
+                                       rowwise=self.rowwise_attention, window=window)
+                 for window in dict.fromkeys(self.layer_windows)}
+        angles = {rope: rotary.angles(positions) for rope, rotary in self.rotaries.items()}
         hidden = self.embed(input_ids)
         captured: dict[int, torch.Tensor] = {}
         last = self.config.num_layers
         for number, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches), start=1):
-            hidden = layer(hidden, cos, sin, kv_cache, plan)
+            cos, sin = angles[self.layer_ropes[number - 1]]
+            hidden = layer(hidden, cos, sin, kv_cache, plans[self.layer_windows[number - 1]])
             if number in hidden_layers and number != last:
                 captured[number] = hidden.clone()  # later layers update `hidden` in place
         captured[last] = hidden
         rows = rms_norm(hidden.index_select(0, logits_indices), self.norm, self.config.rms_norm_eps)
         logits = self.lm_head(rows).float()
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         if not hidden_layers:
             return logits, None
         return logits, torch.cat([captured[n] for n in hidden_layers], dim=-1)

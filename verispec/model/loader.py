@@ -82,7 +82,8 @@ def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
-        hf_checkpoint.write_checkpoint(staging, checkpoint.config, checkpoint.weights)
+        hf_checkpoint.write_checkpoint(staging, checkpoint.config, checkpoint.weights,
+                                       checkpoint.model_type)
         checkpoint.tokenizer.save(staging)
         try:
             staging.rename(entry)  # atomic: readers never see a half-written entry
@@ -147,7 +148,7 @@ def _load_directory(directory: Path, dtype: torch.dtype, device: torch.device,
     config = hf_checkpoint.read_config(directory)
     eos = config.eos_token_ids[0] if config.eos_token_ids else None
     tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
-    weights = hf_checkpoint.read_weights(directory)
+    weights = hf_checkpoint.read_weights(directory, config)
     if rtn is not None:
         return _build(directory, config, quantize_weights(weights, *rtn), dtype, device, True), tokenizer
     return _build(directory, config, weights, dtype, device), tokenizer
@@ -177,10 +178,11 @@ def load_model(
     quantization: str | None = None,
     group_size: int = 32,
 ) -> tuple[LlamaModel, Tokenizer]:
-    """Load a Llama-family checkpoint and its tokenizer.
+    """Load a checkpoint of a supported family (docs/models.md) and its tokenizer.
 
     model: None for the embedded SmolLM2-135M-Instruct; a path to a .gguf file; or a Hugging
-        Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+        Face checkpoint directory (config.json, *.safetensors, tokenizer.json). An architecture
+        or option the model does not implement is a ValueError naming it.
     dtype: torch.float32 or torch.bfloat16 for the weights (logits are always float32).
     device: where the weights and KV cache live ("cpu", "cuda", "cuda:1", ...).
     progress: show a progress bar while a GGUF file is dequantized.

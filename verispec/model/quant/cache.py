@@ -10,7 +10,6 @@ a file that does not load is ignored and rewritten.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from verispec.model.quant.linear import QuantLinear
 from verispec.model.tokenizer import Tokenizer
 
 # Bump when what is saved changes meaning.
-FORMAT = 1
+FORMAT = 2
 _log = logging.getLogger("verispec")
 Weight = QuantizedWeight | PanelWeight | torch.Tensor
 
@@ -54,7 +53,7 @@ def save(model: LlamaModel, tokenizer: Tokenizer, directory: Path) -> None:
     """The model's prepared weights, config and tokenizer into `directory` (created)."""
     linears = {name: [_pack(p) for p in module.parts] for name, module in model.named_modules()
                if isinstance(module, QuantLinear)}
-    state = {"format": FORMAT, "config": dataclasses.asdict(model.config),
+    state = {"format": FORMAT, "config": model.config.to_dict(),
              "embed": _pack(model.embed_quantized), "linears": linears,
              "parameters": dict(model.named_parameters())}
     directory.mkdir(parents=True, exist_ok=True)
@@ -72,9 +71,7 @@ def load(directory: Path) -> tuple[LlamaModel, Tokenizer] | None:
         state = torch.load(path, weights_only=True, mmap=True)
         if state.get("format") != FORMAT:
             return None
-        raw = dict(state["config"])
-        raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
-        config = ModelConfig(**raw)
+        config = ModelConfig.from_dict(state["config"])
         model = LlamaModel(config, quantized=True)
         model.embed_quantized = _unpack(state["embed"])
         modules = dict(model.named_modules())

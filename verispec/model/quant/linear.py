@@ -31,12 +31,14 @@ def stack_parts(parts: list[Part]) -> list[Part]:
 
 class QuantLinear(nn.Module):
     """A Linear over row blocks ("parts") of the weight: the fused q/k/v of a layer may mix types
-    in a GGUF file. Float32 activations in and out; no padding of rows (`cost_rows`)."""
+    in a GGUF file. Float32 activations in and out; no padding of rows (`cost_rows`). A bias,
+    where there is one, stays float32."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.parts: list[Prepared] = []  # in the layout the kernel reads (kernels.prepare)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def load(self, parts: list[Part]) -> None:
         rows = sum(p.shape[0] for p in parts)
@@ -58,7 +60,8 @@ class QuantLinear(nn.Module):
         x = x.float()
         outs = [F.linear(x, p) if isinstance(p, torch.Tensor) else qlinear(x, p)
                 for p in self.parts]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out if self.bias is None else out.add_(self.bias)
 
     def dense_rows(self, index: torch.Tensor) -> torch.Tensor:  # [R] int64 -> [R, in] float32
         """Rows of the weight as float32 (a learned head borrows the LM head's rows)."""
