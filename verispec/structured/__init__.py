@@ -1,0 +1,9 @@
+"""Structured output: grammar-constrained decoding (JSON schema, JSON object, regex, Lark / GBNF
+grammars), exact under speculation. The grammar engine is llguidance (docs/design.md,
+"Structured output")."""
+
+from .compiler import GrammarCompiler
+from .matcher import GrammarMatcher, apply_token_mask
+from .spec import GrammarSpec
+
+__all__ = ["GrammarCompiler", "GrammarMatcher", "GrammarSpec", "apply_token_mask"]

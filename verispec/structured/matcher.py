@@ -1,0 +1,84 @@
+"""A request's grammar state, and the token masks it gives the sampling pipeline.
+
+Terms: a request's matcher stands after its output so far. A *prefix* is a list of tokens
+after the output (this step's drafts before a verified row, or a tree node's path); the row's
+*mask* allows the tokens the grammar accepts after output + prefix. A row is *reachable* when
+its prefix is accepted by the grammar and does not end it: only reachable rows can emit a
+token (a draft the grammar forbids has p = 0 in the row before it, so it is rejected and the
+rows after it are never used), and the others get a mask that allows everything.
+
+The mask stage sits after logit bias and allowed / banned tokens and before temperature. Every
+stage before it maps -inf to -inf and treats tokens independently, and CFG's combine keeps a
+token both branches rule out at -inf, so masking the conditional and unconditional logits before
+the pipeline gives the same rows as masking in place; apply_token_mask is that masked_fill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class GrammarError(ValueError):
+    """The grammar allows no token after the output so far (or its matcher failed)."""
+
+
+class GrammarMatcher:
+    """A request's llguidance matcher plus the vocabulary size of the model's logits."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:  # matcher: llguidance.LLMatcher
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+        self._words = (vocab_size + 31) // 32
+
+    def masks(self, prefixes: Sequence[Sequence[int]]) -> torch.Tensor:  # [N, V] bool
+        """One mask per prefix (module docstring). GrammarError when an empty prefix (the row
+        that emits the next token for sure) allows no token."""
+        bits = torch.full((len(prefixes), self._words), -1, dtype=torch.int32)
+        m = self._matcher
+        for row, prefix in enumerate(prefixes):
+            if prefix and (m.validate_tokens(list(prefix)) < len(prefix)):
+                continue  # unreachable: all allowed
+            if prefix:
+                m.consume_tokens(list(prefix))
+            try:
+                if not prefix or not m.is_stopped():
+                    m.unsafe_compute_mask_ptr(bits[row].data_ptr(), self._words * 4)
+            finally:
+                if prefix:
+                    m.rollback(len(prefix))
+            if not prefix and (m.is_error() or not bool(bits[row].any())):
+                raise GrammarError("structured output cannot continue: the grammar allows no token "
+                                   f"after the output so far ({m.get_error() or 'every token masked'})")
+        return unpack_bits(bits, self.vocab_size)
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (after the output) the grammar accepts in a row."""
+        return self._matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    def advance(self, token: int) -> None:
+        """Moves past an emitted token; GrammarError when the grammar forbids it."""
+        if not self._matcher.consume_token(token):
+            raise GrammarError(f"structured output: token {token} does not continue the grammar "
+                               f"({self._matcher.get_error()})")
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and allows no continuation (only the end of the sequence)."""
+        return self._matcher.is_stopped()
+
+
+def unpack_bits(
+    bits: torch.Tensor,  # [N, ceil(V / 32)] int32, bit i of word w: token 32 w + i
+    vocab_size: int,
+) -> torch.Tensor:  # [N, V] bool
+    shifts = torch.arange(32, dtype=torch.int32)
+    return ((bits[:, :, None] >> shifts) & 1).bool().reshape(bits.shape[0], -1)[:, :vocab_size]
+
+
+def apply_token_mask(
+    logits: torch.Tensor,  # [N, V]
+    mask: torch.Tensor,  # [N, V] bool, True where allowed
+) -> torch.Tensor:  # [N, V]
+    return logits.masked_fill(~mask.to(logits.device), float("-inf"))
