@@ -42,7 +42,7 @@ from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
 from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
-from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask
+from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
@@ -614,49 +614,28 @@ def _grammar_cut(requests: list[DraftRequest], batch: DraftBatch) -> DraftBatch:
 def _grammar_masked(
     sampling: list[ScheduledRequest],
     drafts: _Drafts,
-    target: torch.Tensor,  # [R, V]: per sampling request its draft (node) rows' parents, then ...
+    target: torch.Tensor,  # [R, V]: per sampling request its K + 1 (tree: nodes + 1) rows
     uncond: torch.Tensor | None,  # [R, V] or None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target (and unconditional) rows masked by each request's grammar, each row with its own
-    history: the output plus the drafts before it (a tree node: its path), as penalties count it.
-    A chain's row j follows drafts[:j]; a tree's root row follows nothing, node i's row its path."""
-    prefixes: list[list[int]] = []
-    spans: list[tuple[int, int, GrammarMatcher]] = []
+    history: the output plus the drafts before it (a tree node: its path), as penalties count it."""
+    index: list[int] = []
+    masks: list[torch.Tensor] = []
     row = 0
     for p in sampling:
         rid = p.request.request_id
         tokens = drafts.of(rid)
         if p.request.grammar is not None:
-            if rid in drafts.parents:
-                rows = [[]] + [_path(tokens, drafts.parents[rid], i) for i in range(len(tokens))]
-            else:
-                rows = [tokens[:j] for j in range(len(tokens) + 1)]
-            spans.append((row, len(rows), p.request.grammar))
-            prefixes.extend(rows)
+            prefixes = tree_prefixes(tokens, drafts.parents[rid]) if rid in drafts.parents else chain_prefixes(tokens)
+            masks.append(p.request.grammar.masks(prefixes))
+            index.extend(range(row, row + len(prefixes)))
         row += len(tokens) + 1
-    index = torch.tensor([r for start, n, _ in spans for r in range(start, start + n)],
-                         dtype=torch.int64, device=target.device)
-    start = 0
-    masks = []
-    for _, n, grammar in spans:
-        masks.append(grammar.masks(prefixes[start : start + n]))
-        start += n
-    mask = torch.cat(masks).to(target.device)
-    target = target.clone()
-    target[index] = apply_token_mask(target[index], mask)
+    rows = torch.tensor(index, dtype=torch.int64, device=target.device)
+    mask = torch.cat(masks)
+    target = target.index_copy(0, rows, apply_token_mask(target[rows], mask))
     if uncond is not None:
-        uncond = uncond.clone()
-        uncond[index] = apply_token_mask(uncond[index], mask)
+        uncond = uncond.index_copy(0, rows, apply_token_mask(uncond[rows], mask))
     return target, uncond
-
-
-def _path(tokens: list[int], parents: list[int], node: int) -> list[int]:
-    """The tokens from the root's first child down to `node`, inclusive."""
-    path = []
-    while node >= 0:
-        path.append(tokens[node])
-        node = parents[node]
-    return path[::-1]
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:

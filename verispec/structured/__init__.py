@@ -3,7 +3,8 @@ grammars), exact under speculation. The grammar engine is llguidance (docs/desig
 "Structured output")."""
 
 from .compiler import GrammarCompiler
-from .matcher import GrammarMatcher, apply_token_mask
+from .matcher import GrammarError, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from .spec import GrammarSpec
 
-__all__ = ["GrammarCompiler", "GrammarMatcher", "GrammarSpec", "apply_token_mask"]
+__all__ = ["GrammarCompiler", "GrammarError", "GrammarMatcher", "GrammarSpec", "apply_token_mask", "chain_prefixes",
+           "tree_prefixes"]

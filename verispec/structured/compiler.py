@@ -83,21 +83,31 @@ def _lltokenizer(tokenizer, vocab_size: int, eos: list[int]):
         return llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=eos)
     except ValueError:
         pass
-    # Otherwise each token stands for the bytes it decodes to on its own.
+    # Otherwise each token stands for the bytes it decodes to on its own, and text is tokenized
+    # greedily (longest token first), which is how llguidance splits the bytes a grammar forces.
     size = tokenizer.vocab_size
     tokens = [tokenizer.decode([i], skip_special_tokens=False).encode("utf-8") if i < size else b""
               for i in range(vocab_size)]
-    special = [i for i in eos if i < vocab_size]
+    ids = {t: i for i, t in reversed(list(enumerate(tokens))) if t}
+    longest = max(map(len, ids), default=1)
 
     class Words:
         eos_token_id = eos[0] if eos else 0
         bos_token_id = tokenizer.bos_token_id
-        special_token_ids = special
+        special_token_ids = [i for i in eos if i < vocab_size]
 
         def __init__(self) -> None:
             self.tokens = tokens
 
         def __call__(self, text: bytes) -> list[int]:
-            return tokenizer.encode(text.decode("utf-8", errors="replace"), add_special_tokens=False)
+            out, at = [], 0
+            while at < len(text):
+                n = next((n for n in range(min(longest, len(text) - at), 0, -1) if text[at : at + n] in ids), 0)
+                if n == 0:
+                    at += 1  # a byte no token spells cannot be forced
+                    continue
+                out.append(ids[text[at : at + n]])
+                at += n
+            return out
 
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Words()), n_vocab=vocab_size, eos_token=eos)

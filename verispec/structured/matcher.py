@@ -69,6 +69,24 @@ class GrammarMatcher:
         return self._matcher.is_stopped()
 
 
+def chain_prefixes(drafts: Sequence[int]) -> list[list[int]]:
+    """The prefixes of a chain's verify rows: row j follows drafts[:j] (K + 1 rows)."""
+    return [list(drafts[:j]) for j in range(len(drafts) + 1)]
+
+
+def tree_prefixes(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+    """The prefixes of a tree's verify rows: the root row follows nothing, node i's row its path
+    (the tokens from a child of the root down to node i; parents[i] = -1 under the root)."""
+    out: list[list[int]] = [[]]
+    for node in range(len(tokens)):
+        path = []
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        out.append(path[::-1])
+    return out
+
+
 def unpack_bits(
     bits: torch.Tensor,  # [N, ceil(V / 32)] int32, bit i of word w: token 32 w + i
     vocab_size: int,
