@@ -177,14 +177,16 @@ def test_the_world_constrains_each_position_differently(compiler) -> None:
     assert allowed(()) == [0, 1, 2, 3, 4, 5]
     assert allowed((0,)) == [2, 3, 4] and allowed((2,)) == [0, 1, 5] and allowed((4,)) == [4]
     assert allowed((0, 2)) == [0, 5] and allowed((4, 4)) == [4]
-    assert allowed((0, 2, 5)) == list(range(V))  # complete: the request stops, the row is never used
+    assert allowed((0, 2, 5)) == [EOS]  # complete: only the end
 
 
 def test_masking_with_the_output_state_alone_fails_the_statistic(compiler) -> None:
     """Power: every verify row masked with the state after the output (a per-request mask, the
     drafts before the row ignored) lets a row after an accepted draft emit tokens its grammar
-    state forbids."""
+    state forbids: pairs the reference gives probability 0 (which chi_square refuses outright)."""
     world = GrammarWorld(compiler, SamplingParams(), "obey", seed=3)
-    results = world.tests(N, row_prefixes=lambda drafts: [[] for _ in range(len(drafts) + 1)])
-    assert results["position 1"].passed, results
-    assert not results["joint"].passed, results
+    y1, y2 = world.run(N, row_prefixes=lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    joint = world.p1[:, None] * world.p2
+    assert chi_square(y1, world.p1).passed
+    with pytest.raises(AssertionError, match="drew impossible categories"):
+        chi_square(y1 * V + y2, joint.reshape(-1))

@@ -13,6 +13,10 @@ import json
 from dataclasses import dataclass
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
+# JSON is written on one line as json.dumps writes it ({"a": 1, "b": [2, 3]}): free whitespace
+# would let a model indent at length, and fixed separators are easy drafts. A schema's own
+# "x-guidance" options override this.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,10 @@ class GrammarSpec:
                                  "(an object or a boolean, as a dict or as JSON text)")
             depth = _depth(value)
             try:
-                source = json.dumps(value, sort_keys=True, allow_nan=False)
+                source = json.dumps(value, allow_nan=False)  # key order matters: properties come in it
             except (TypeError, ValueError, RecursionError) as error:
                 raise ValueError(f"json_schema cannot be written as JSON: {error}") from None
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(source)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)
         elif kind in ("regex", "grammar"):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{kind}={value!r} is invalid: expected a non-empty string")
