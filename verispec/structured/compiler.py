@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..config import StructuredOutputConfig
 from .matcher import GrammarMatcher
-from .spec import GrammarSpec
+from .spec import GrammarSpec, one_line
 
 
 class GrammarCompiler:
@@ -65,7 +65,7 @@ class GrammarCompiler:
             raise ValueError(f"{spec.kind} took more than {self.config.compile_timeout_s} s to compile "
                              "(the compile time limit, compile_timeout_s)") from None
         if compiled.is_error():
-            raise ValueError(f"{spec.kind} is invalid: {compiled.get_error()}")
+            raise ValueError(f"{spec.kind} is invalid: {one_line(compiled.get_error())}")
         return compiled
 
     def lltokenizer(self):  # -> llguidance.LLTokenizer

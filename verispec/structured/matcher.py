@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .spec import one_line
+
 
 class GrammarError(ValueError):
     """The grammar allows no token after the output so far (or its matcher failed)."""
@@ -52,7 +54,7 @@ class GrammarMatcher:
             if work.is_error() or not bool(bits[row].any()):
                 if not prefix:
                     raise GrammarError("structured output cannot continue: the grammar allows no token "
-                                       f"after the output so far ({work.get_error() or 'every token masked'})")
+                                       f"after the output so far ({one_line(work.get_error()) or 'every token masked'})")
                 bits[row] = -1  # a dead end, or past the end of the sequence: unreachable
             if prefix and not work.is_error():
                 work.rollback(len(prefix))
@@ -67,7 +69,8 @@ class GrammarMatcher:
         token can follow it while the grammar is incomplete."""
         m = self._matcher
         if not m.consume_token(token):
-            raise GrammarError(f"structured output: token {token} does not continue the grammar ({m.get_error()})")
+            raise GrammarError(f"structured output: token {token} does not continue the grammar "
+                               f"({one_line(m.get_error())})")
         if m.is_stopped() and not m.is_accepting():
             raise GrammarError("structured output cannot continue: the grammar allows no token after the "
                                f"output so far ({m.stop_reason()})")

@@ -72,7 +72,7 @@ class GrammarSpec:
             raise ValueError(f"kind={kind!r} is invalid: expected one of {KINDS}")
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
-            raise ValueError(f"{kind} is invalid: {messages[0]}")
+            raise ValueError(f"{kind} is invalid: {one_line(messages[0])}")
         return cls(kind, source, depth, grammar)
 
     def check_limits(self, max_bytes: int, max_depth: int) -> None:
@@ -84,6 +84,11 @@ class GrammarSpec:
         if self.depth > max_depth:
             raise ValueError(f"{self.kind} is nested {self.depth} levels deep: expected at most "
                              f"{max_depth} (the schema depth limit, max_schema_depth)")
+
+
+def one_line(message: str) -> str:
+    """llguidance's multi-line message (source excerpts, carets) on one line, as errors are here."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip().strip("^"))
 
 
 def _depth(value: object) -> int:
