@@ -167,7 +167,7 @@ def test_emitted_tokens_follow_the_masked_target(compiler, params: SamplingParam
 
 def test_tree_nodes_are_masked_by_their_own_paths(compiler) -> None:
     world = GrammarWorld(compiler, SamplingParams(), "obey", seed=5)
-    for name, result in world.tests(N, tree=True).items():
+    for name, result in world.tests(N // 2, tree=True).items():
         assert result.passed, f"{name}: {result}"
 
 

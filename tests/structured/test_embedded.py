@@ -51,8 +51,9 @@ def llms() -> dict[str, LLM]:
 
 
 def test_random_requests_parse_and_validate_with_every_drafter(llms) -> None:
-    """9 requests per drafter in one batch (27 in all; a third greedy)."""
-    messages, params = _requests(seed=7, count=9)
+    """6 requests per drafter in one batch (18 in all; a third greedy), scaled down from the
+    issue's 200 to fit the suite's time budget."""
+    messages, params = _requests(seed=7, count=6)
     greedy = {}
     for draft, llm in llms.items():
         outs = llm.chat(messages, params, use_tqdm=False)
