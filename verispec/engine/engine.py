@@ -32,6 +32,7 @@ import logging
 import reprlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig
@@ -619,23 +620,17 @@ def _grammar_masked(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target (and unconditional) rows masked by each request's grammar, each row with its own
     history: the output plus the drafts before it (a tree node: its path), as penalties count it."""
-    index: list[int] = []
-    masks: list[torch.Tensor] = []
+    mask = np.ones(tuple(target.shape), dtype=np.bool_)
     row = 0
     for p in sampling:
         rid = p.request.request_id
         tokens = drafts.of(rid)
         if p.request.grammar is not None:
             prefixes = tree_prefixes(tokens, drafts.parents[rid]) if rid in drafts.parents else chain_prefixes(tokens)
-            masks.append(p.request.grammar.masks(prefixes))
-            index.extend(range(row, row + len(prefixes)))
+            mask[row : row + len(prefixes)] = p.request.grammar.masks(prefixes).numpy()
         row += len(tokens) + 1
-    rows = torch.tensor(index, dtype=torch.int64, device=target.device)
-    mask = torch.cat(masks)
-    target = target.index_copy(0, rows, apply_token_mask(target[rows], mask))
-    if uncond is not None:
-        uncond = uncond.index_copy(0, rows, apply_token_mask(uncond[rows], mask))
-    return target, uncond
+    allowed = torch.from_numpy(mask)
+    return apply_token_mask(target, allowed), None if uncond is None else apply_token_mask(uncond, allowed)
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:

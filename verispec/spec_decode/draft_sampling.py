@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 
+import numpy as np
 import torch
 
 from ..sample import SamplingMetadata
@@ -52,12 +53,12 @@ def grammar_masked(
     grammar allows, and q is the masked distribution it drew from."""
     if sampling.grammars is None:
         return logits
-    mask = torch.ones(logits.shape, dtype=torch.bool)
+    mask = np.ones(tuple(logits.shape), dtype=np.bool_)
     for row, (b, prefix) in enumerate(zip(requests, prefixes)):
         grammar = sampling.grammars[b]
         if grammar is not None:
-            mask[row] = grammar.masks([prefix])[0]
-    return apply_token_mask(logits, mask)
+            mask[row] = grammar.masks([prefix])[0].numpy()
+    return apply_token_mask(logits, torch.from_numpy(mask))
 
 
 def sample_drafts(

@@ -111,5 +111,11 @@ def unpack_bits(
 def apply_token_mask(
     logits: torch.Tensor,  # [N, V]
     mask: torch.Tensor,  # [N, V] bool, True where allowed
-) -> torch.Tensor:  # [N, V]
+) -> torch.Tensor:  # [N, V], a copy
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        # numpy, single-threaded: torch splits a 49k-token row over its threads, and on a busy
+        # CPU each such elementwise op waited milliseconds for them (80 us vs 35 ms measured).
+        out = logits.detach().numpy().copy()
+        np.putmask(out, ~mask.numpy(), -np.inf)
+        return torch.from_numpy(out)
     return logits.masked_fill(~mask.to(logits.device), float("-inf"))
