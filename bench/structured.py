@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--drafts", nargs="+", default=["none", "ngram", "eagle"])
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=Path("bench/results/structured.json"))
     args = parser.parse_args()
     rows = []
