@@ -132,8 +132,10 @@ def test_compiled_grammars_are_cached_and_limited(target) -> None:
     with pytest.raises(ValueError, match=r"json_schema is nested 5 levels deep: expected at most 3 .*max_schema_depth"):
         shallow.add_request([0], SamplingParams(json_schema=deep))
     slow = engine(target, structured=StructuredOutputConfig(compile_timeout_s=1e-9))
+    # Thousands of alternatives take milliseconds to compile: never done within a nanosecond.
+    many = "(" + "|".join("a" + "b" * (i % 50) + "c" * (i // 50) for i in range(3000)) + ")"
     with pytest.raises(ValueError, match=r"regex took more than 1e-09 s to compile .*compile_timeout_s"):
-        slow.add_request([0], SamplingParams(regex="(a|b)*c"))
+        slow.add_request([0], SamplingParams(regex=many))
     assert not any(x.has_unfinished() for x in (e, shallow, slow))
 
 

@@ -46,19 +46,23 @@ def grammar_masked(
     sampling: SamplingMetadata,
     requests: list[int],  # the request of each row
     prefixes: list[list[int]],  # each row's tokens after the output (its drafts before it)
-    logits: torch.Tensor,  # [R, V] draft logits over the target's vocabulary
-) -> torch.Tensor:  # [R, V], grammar-forbidden tokens at -inf (unchanged without grammars)
+    logits: torch.Tensor,  # [R, V] draft logits over the target's vocabulary, or [R, N] with `vocab`
+    vocab: torch.Tensor | None = None,  # [N] int64, the target token id of each column
+) -> torch.Tensor:  # logits with grammar-forbidden tokens at -inf (unchanged without grammars)
     """The structured-output mask stage on draft rows, each with its own history, as the verifier
     masks the target's rows (structured/matcher.py): a drafter then proposes only tokens the
     grammar allows, and q is the masked distribution it drew from."""
     if sampling.grammars is None:
         return logits
-    mask = np.ones(tuple(logits.shape), dtype=np.bool_)
+    width = next(g.vocab_size for g in sampling.grammars if g is not None)  # the target's vocabulary
+    mask = np.ones((logits.shape[0], width), dtype=np.bool_)
     for row, (b, prefix) in enumerate(zip(requests, prefixes)):
         grammar = sampling.grammars[b]
         if grammar is not None:
             mask[row] = grammar.masks([prefix])[0].numpy()
-    return apply_token_mask(logits, torch.from_numpy(mask))
+    if vocab is not None:
+        mask = mask[:, vocab.cpu().numpy()]
+    return apply_token_mask(logits, torch.from_numpy(np.ascontiguousarray(mask)))
 
 
 def sample_drafts(
@@ -109,7 +113,9 @@ def sample_from_draft_vocab(
     call is greedy without penalties, bias or masks, the draft is the argmax of the head's own
     logits and q is not built (None: one-hot, which greedy verification never reads), sparing
     a pass over the target's whole vocabulary per draft."""
-    if sampling.all_greedy and sampling.adjustments is None and sampling.grammars is None:
+    if sampling.all_greedy and sampling.adjustments is None:
+        # A grammar masks the head's own columns (no q over the whole vocabulary is needed).
+        logits = grammar_masked(sampling, active, drafted, logits, vocab)
         return vocab[logits.argmax(dim=-1)].tolist(), None, [True] * len(active)
     tokens, q = sample_drafts(sampling, active, drafted, widen_vocab(logits, vocab, vocab_size), position)
     return tokens, q, drafted_rows(q)
