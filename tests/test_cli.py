@@ -300,3 +300,17 @@ def test_every_argument_error_is_the_one_error_line(capsys, args, message) -> No
 def test_bad_serve_limits_are_one_line_naming_the_flag(checkpoint, capsys, flag) -> None:
     assert main(["serve", "--model", checkpoint, flag, "0"]) == 2
     assert re.match(rf"verispec: error: {flag}=0(\.0)? is invalid", _error_line(capsys))
+
+
+def test_structured_output_options_are_checked_before_loading(checkpoint, capsys, tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "objectx"}')
+    assert _run(checkpoint, "--json-schema", str(bad)) == 2
+    assert "json_schema is invalid: Invalid type: objectx" in _error_line(capsys)
+    assert _run(checkpoint, "--json-schema", str(tmp_path / "missing.json")) == 2
+    assert "--json-schema" in _error_line(capsys)
+    assert _run(checkpoint, "--regex", "(ab") == 2
+    assert "regex is invalid" in _error_line(capsys)
+    with pytest.raises(SystemExit):
+        _run(checkpoint, "--regex", "a", "--json-object")
+    assert "not allowed with argument" in capsys.readouterr().err

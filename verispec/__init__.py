@@ -1,6 +1,6 @@
 """verispec: exact speculative decoding with classifier-free guidance."""
 
-from .config import CacheConfig, DraftCost, DynamicTree, EngineConfig, SpeculativeConfig
+from .config import CacheConfig, DraftCost, DynamicTree, EngineConfig, SpeculativeConfig, StructuredOutputConfig
 from .sampling_params import SamplingParams
 from .sample import DraftLogits, DraftProbs, SamplingMetadata, rejection_sample
 
@@ -22,6 +22,7 @@ __all__ = [
     "DynamicTree",
     "EngineConfig",
     "SpeculativeConfig",
+    "StructuredOutputConfig",
     "DraftLogits",
     "LLM",
     "DraftProbs",

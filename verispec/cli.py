@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--negative-prompt", default=None, help="text of the unconditional CFG branch")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap the prompt in the model's chat template (default: on)")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", default=None, metavar="FILE",
+                       help="the output matches the JSON Schema in FILE (structured output)")
+    shape.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    shape.add_argument("--regex", default=None, help="the output matches this regular expression")
+    shape.add_argument("--grammar", default=None, metavar="FILE",
+                       help="the output matches the Lark or GBNF grammar in FILE")
     add_serve_parser(sub)
     add_batch_parser(sub)
     add_train_parser(sub)
@@ -447,6 +454,16 @@ def run_batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_text(flag: str, path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{flag} {path!r} cannot be read: {error}") from None
+
+
 def generate(args: argparse.Namespace) -> int:
     from .engine.llm import LLM
 
@@ -458,6 +475,8 @@ def generate(args: argparse.Namespace) -> int:
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
         repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias) or None,
         banned_token_ids=args.ban_token, logprobs=args.logprobs,
+        json_schema=_file_text("--json-schema", args.json_schema), json_object=args.json_object,
+        regex=args.regex, grammar=_file_text("--grammar", args.grammar),
     )
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(**llm_kwargs(args))

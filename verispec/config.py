@@ -208,6 +208,32 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class StructuredOutputConfig:
+    """Limits on structured-output grammars (verispec/structured/), each refused with a
+    ValueError (a 400 from the server) that names it.
+
+    max_grammar_bytes: largest JSON schema (as JSON), regex or grammar text.
+    max_schema_depth: deepest nesting of a JSON schema document.
+    compile_timeout_s: most seconds compiling one grammar may take (llguidance's own fuel limits
+        bound it too).
+    cache_size: compiled grammars kept, least recently used dropped first.
+    """
+
+    max_grammar_bytes: int = 256 * 1024
+    max_schema_depth: int = 32
+    compile_timeout_s: float = 10.0
+    cache_size: int = 64
+
+    def __post_init__(self) -> None:
+        _positive_int("max_grammar_bytes", self.max_grammar_bytes)
+        _positive_int("max_schema_depth", self.max_schema_depth)
+        _positive_int("cache_size", self.cache_size)
+        t = self.compile_timeout_s
+        _require(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf"),
+                 "compile_timeout_s", t, "a finite number of seconds > 0")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The engine's limits.
 
@@ -216,6 +242,7 @@ class EngineConfig:
         longer prompt is prefilled in chunks.
     max_model_len: most tokens (prompt + output) per sequence; a request's max_tokens is lowered
         to fit it (its CFG companion's negative prompt included).
+    structured: limits and cache of structured-output grammars (StructuredOutputConfig).
     """
 
     max_num_seqs: int = 64
@@ -223,6 +250,7 @@ class EngineConfig:
     max_model_len: int = 8192
     cache: CacheConfig = CacheConfig()
     speculative: SpeculativeConfig = SpeculativeConfig()
+    structured: StructuredOutputConfig = StructuredOutputConfig()
 
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)

@@ -28,6 +28,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .structured.spec import GrammarSpec
 
 # Temperatures below this sample as greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
 # them overflows to inf, or the temperature itself underflows to 0 in float32 (1e-40, 1e-50).
@@ -35,6 +39,7 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 # float32's largest finite value: a larger temperature becomes inf on the device.
 MAX_TEMPERATURE = 3.4028234663852886e38
+STRUCTURED_FIELDS = ("json_schema", "json_object", "regex", "grammar")
 
 
 def _check_number(name: str, value: object, expected: str, ok: bool) -> None:
@@ -84,6 +89,15 @@ class SamplingParams:
     logprobs: None (off), or n in [0, 20]: report each emitted token's log-probability under
         the processed target distribution (at temperature 1 for greedy requests) and its row's
         n likeliest alternatives (RequestOutput.logprobs); costs nothing when off.
+    json_schema: a JSON Schema (dict or JSON text) the output must match.
+    json_object: True: the output is a JSON object.
+    regex: a regular expression the whole output must match (llguidance's automata).
+    grammar: a Lark grammar, or a GBNF one as llama.cpp writes it, the output must match.
+        At most one of json_schema / json_object / regex / grammar; the grammar's mask is the
+        pipeline's stage after allowed / banned tokens (structured/matcher.py), and the request
+        stops once the grammar is complete. Each is checked here by the grammar engine
+        (llguidance), whose message a ValueError carries; the engine applies its size, depth and
+        compile-time limits (StructuredOutputConfig) when the request is added.
     Token ids in logit_bias / allowed / banned must be below the vocabulary size, which the
     engine checks with check_vocab when the request is added.
     """
@@ -106,6 +120,12 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     banned_token_ids: tuple[int, ...] = field(default_factory=tuple)
     logprobs: int | None = None
+    json_schema: Mapping[str, object] | bool | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    # The structured-output field as the grammar engine's grammar (None without one).
+    grammar_spec: GrammarSpec | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -172,6 +192,18 @@ class SamplingParams:
             lp is None or (_is_token_id(lp) and lp <= MAX_TOP_LOGPROBS),
         )
         self._check_adjustments()
+        self._check_structured()
+
+    def _check_structured(self) -> None:
+        _check_number("json_object", self.json_object, "a bool", isinstance(self.json_object, bool))
+        given = [k for k in STRUCTURED_FIELDS if getattr(self, k) not in (None, False)]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set: expected at most one of "
+                             f"{', '.join(STRUCTURED_FIELDS)}")
+        if given:
+            from .structured.spec import GrammarSpec
+
+            object.__setattr__(self, "grammar_spec", GrammarSpec.from_field(given[0], getattr(self, given[0])))
 
     def _check_adjustments(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):

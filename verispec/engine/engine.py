@@ -32,6 +32,7 @@ import logging
 import reprlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig
@@ -41,7 +42,8 @@ from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
 from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
-from ..spec_decode.base import Drafter, DraftRequest, FedTokens
+from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
+from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
 from .kv_cache import BlockManager
@@ -91,6 +93,7 @@ class PreparedRequest:
     params: SamplingParams
     num_speculative_tokens: int
     group: str | None = None  # requests sharing a group are admitted fairly against other groups
+    grammar: GrammarMatcher | None = None  # structured output, compiled (params.grammar_spec)
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class LLMEngine:
         self.eos_token_ids = set(model.config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, sorted(self.eos_token_ids), config.structured)
         self._arrival = itertools.count()
         self._steps = 0  # engine steps run so far
         self._requests: dict[str, Request] = {}
@@ -219,7 +223,10 @@ class LLMEngine:
                 raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: "
                                  "expected an integer in [0, 64]")
             k = num_speculative_tokens
-        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0, group)
+        # Compiled here, off the engine thread when the caller is (the server), and cached.
+        grammar = self.grammars.matcher(params.grammar_spec) if params.grammar_spec is not None else None
+        return PreparedRequest(request_id, text, ids, uncond, params, k if self.drafter is not None else 0, group,
+                               grammar)
 
     def enqueue(self, prepared: PreparedRequest) -> str:
         """Queues a request from prepare_request; returns its request id."""
@@ -236,7 +243,7 @@ class LLMEngine:
             uncond_token_ids=prepared.uncond_token_ids, prompt=prepared.prompt,
             logprobs=None if params.logprobs is None else [],
             max_tokens=min(params.max_tokens, self.config.max_model_len - longest),
-            group=prepared.group,
+            group=prepared.group, grammar=prepared.grammar,
         )
         request.num_speculative_tokens = self._next_k(request)
         self._requests[request_id] = request
@@ -424,11 +431,11 @@ class LLMEngine:
             DraftRequest(p.request.request_id, p.request.all_token_ids(), k,
                          p.request.params, p.request.seed, p.request.step,
                          num_prompt_tokens=len(p.request.prompt_token_ids),
-                         batch_invariant=p.request.batch_invariant)
+                         batch_invariant=p.request.batch_invariant, grammar=p.request.grammar)
             for p, k in drafting
         ]
         if self.tree is None:
-            batch = self.drafter.propose(requests)
+            batch = _grammar_cut(requests, self.drafter.propose(requests))
             drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
             return _Drafts(drafts, {}, batch.probs)
         trees = self.drafter.propose_tree(requests, self.tree)
@@ -470,6 +477,8 @@ class LLMEngine:
         )
         # Without CFG every logits row is a target row: no copy of [rows, V].
         target = logits if len(target_rows) == logits.shape[0] else logits.index_select(0, index)
+        if any(p.request.grammar is not None for p in sampling):
+            target, uncond = _grammar_masked(sampling, drafts, target, uncond)
         draft_ids = torch.tensor(ids, dtype=torch.int64, device=device)
         cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
         draft = DraftProbs(drafts.probs) if drafts.probs is not None and ids else None
@@ -523,6 +532,10 @@ class LLMEngine:
             request.text += decoder.push([token])
             if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
                 reason = FinishReason.STOP
+            if request.grammar is not None:
+                request.grammar.advance(token)
+                if request.grammar.stopped:  # complete, with no continuation but the end
+                    reason = FinishReason.STOP
             cut = _earliest_stop(request.text, before, params.stop)
             if cut is not None:
                 request.text = request.text[:cut]
@@ -580,6 +593,44 @@ class LLMEngine:
             new_logprobs=None if request.logprobs is None else request.logprobs[len(request.logprobs) - len(new_ids):],
             num_cached_tokens=request.num_cached_tokens,
         )
+
+
+def _grammar_cut(requests: list[DraftRequest], batch: DraftBatch) -> DraftBatch:
+    """Proposals cut before the first token the request's grammar forbids (a sure rejection
+    costs a verify row), with their q rows."""
+    keep = [t[: r.grammar.valid_prefix(t)] if r.grammar is not None else t
+            for r, t in zip(requests, batch.token_ids)]
+    if keep == batch.token_ids:
+        return batch
+    probs = batch.probs
+    if probs is not None:
+        rows, start = [], 0
+        for t, kept in zip(batch.token_ids, keep):
+            rows.extend(range(start, start + len(kept)))
+            start += len(t)
+        probs = probs[torch.tensor(rows, dtype=torch.int64, device=probs.device)]
+    return DraftBatch(keep, probs)
+
+
+def _grammar_masked(
+    sampling: list[ScheduledRequest],
+    drafts: _Drafts,
+    target: torch.Tensor,  # [R, V]: per sampling request its K + 1 (tree: nodes + 1) rows
+    uncond: torch.Tensor | None,  # [R, V] or None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target (and unconditional) rows masked by each request's grammar, each row with its own
+    history: the output plus the drafts before it (a tree node: its path), as penalties count it."""
+    mask = np.ones(tuple(target.shape), dtype=np.bool_)
+    row = 0
+    for p in sampling:
+        rid = p.request.request_id
+        tokens = drafts.of(rid)
+        if p.request.grammar is not None:
+            prefixes = tree_prefixes(tokens, drafts.parents[rid]) if rid in drafts.parents else chain_prefixes(tokens)
+            mask[row : row + len(prefixes)] = p.request.grammar.masks(prefixes).numpy()
+        row += len(tokens) + 1
+    allowed = torch.from_numpy(mask)
+    return apply_token_mask(target, allowed), None if uncond is None else apply_token_mask(uncond, allowed)
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:

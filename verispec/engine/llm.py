@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, TreeShape
+from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, StructuredOutputConfig, TreeShape
 from ..model import LlamaModel, load_model
 from ..model.loader import QUANTIZATIONS
 from ..sampling_params import SamplingParams
@@ -150,6 +150,7 @@ class LLM:
         group of `quantization_group_size` weights (32, 64, 128); "gguf" as dtype "auto" does.
     enable_prefix_caching: reuse the KV cache of prompt prefixes already computed
         (CacheConfig.enable_prefix_caching); False computes every prompt in full.
+    structured: limits and cache of structured-output grammars (StructuredOutputConfig).
     """
 
     def __init__(
@@ -171,6 +172,7 @@ class LLM:
         quantization: str | None = None,
         quantization_group_size: int = 32,
         enable_prefix_caching: bool = True,
+        structured: StructuredOutputConfig = StructuredOutputConfig(),
     ) -> None:
         torch_dtype, quantization = resolve_weights(model, dtype, quantization, device)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
@@ -193,6 +195,7 @@ class LLM:
             max_model_len=EngineConfig.max_model_len if max_model_len is None else max_model_len,
             cache=CacheConfig(block_size, enable_prefix_caching=enable_prefix_caching),
             speculative=spec,
+            structured=structured,
         )
         self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress,
                                                 quantization=quantization,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..sample.logprobs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..spec_decode.metrics import SpecDecodeStats
+from ..structured.matcher import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -58,6 +59,7 @@ class Request:
     prompt: str | None = None
     max_tokens: int | None = None  # the effective cap (module docstring); None: params.max_tokens
     group: str | None = None  # admission fairness (Scheduler); None: the request is its own group
+    grammar: GrammarMatcher | None = None  # structured output: the grammar after output_token_ids
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # aligned with output_token_ids when params.logprobs is set
     text: str = ""

@@ -10,13 +10,16 @@ tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from ..sampling_params import SamplingParams
 from .penalties import LogitAdjustments
 from .rng import fresh_seed, request_keys
+
+if TYPE_CHECKING:
+    from ..structured.matcher import GrammarMatcher
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class SamplingMetadata:
     is_greedy: [B] bool.
     adjustments: penalties, logit bias and token masks (penalties.py); None when no request
         uses any, which skips those stages.
+    grammars: a drafter's call only (spec_decode/draft_sampling.py): per request its
+        structured-output grammar or None; None when no request has one.
     """
 
     temperature: torch.Tensor
@@ -48,6 +53,7 @@ class SamplingMetadata:
     any_min_p: bool
     any_cfg: bool
     adjustments: LogitAdjustments | None = None
+    grammars: tuple[GrammarMatcher | None, ...] | None = None
 
     @property
     def batch_size(self) -> int:

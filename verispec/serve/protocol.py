@@ -2,19 +2,23 @@
 into SamplingParams.
 
 Fields follow OpenAI's API; top_k, min_p, repetition_penalty, guidance_scale, negative_prompt,
-num_speculative_tokens and ignore_eos are extensions (the `extra_body` of OpenAI's client).
+num_speculative_tokens and ignore_eos are extensions (the `extra_body` of OpenAI's client), and
+so are vLLM's structured-output fields guided_json, guided_regex, guided_grammar and
+guided_choice, beside OpenAI's response_format (json_object, or json_schema: enforced whether or
+not `strict` is set).
 Unknown fields are ignored, as OpenAI's own server ignores fields it does not use. Types are
 strict, as OpenAI's: a string is not a number or a boolean (`"n": "2"` is a 400 naming n).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import STRUCTURED_FIELDS, SamplingParams
 from .errors import APIError, echo
 
 # OpenAI's default for /v1/completions; chat completions default to the rest of the context.
@@ -29,6 +33,23 @@ class StreamOptions(BaseModel):
     model_config = _STRICT
 
     include_usage: bool = False
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = _STRICT
+
+    name: str | None = None
+    description: str | None = None
+    # "schema" would shadow a pydantic BaseModel attribute, hence the alias.
+    schema_: dict | bool = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class SamplingRequest(BaseModel):
@@ -55,6 +76,11 @@ class SamplingRequest(BaseModel):
     negative_prompt: str | list[int] | None = None
     num_speculative_tokens: int | None = None
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
+    guided_json: dict | bool | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -129,6 +155,8 @@ def sampling_params(request: CompletionRequest | ChatRequest, index: int, defaul
         repetition_penalty=request.repetition_penalty, guidance_scale=request.guidance_scale,
         negative_prompt=request.negative_prompt, logit_bias=bias,
     )
+    structured, structured_name = _structured(request)
+    given.update(structured)
     try:
         return SamplingParams(
             **{k: v for k, v in given.items() if v is not None},
@@ -138,7 +166,37 @@ def sampling_params(request: CompletionRequest | ChatRequest, index: int, defaul
             ignore_eos=request.ignore_eos, logprobs=logprobs,
         )
     except (ValueError, TypeError) as error:
-        raise invalid(error, rename={"max_tokens": max_name, "logprobs": _logprobs_name(request)}) from None
+        raise invalid(error, rename={"max_tokens": max_name, "logprobs": _logprobs_name(request),
+                                     **dict.fromkeys(STRUCTURED_FIELDS, structured_name)}) from None
+
+
+def _structured(request: CompletionRequest | ChatRequest) -> tuple[dict[str, object], str]:
+    """The SamplingParams field of the request's structured output (at most one of
+    response_format and the guided_* fields) and the request field it came from."""
+    given = {name: getattr(request, name) for name in
+             ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
+             if getattr(request, name) is not None}
+    fmt = request.response_format
+    if fmt is not None and fmt.type != "text":
+        given["response_format"] = fmt
+    if len(given) > 1:
+        raise APIError(f"{' and '.join(given)} are both set: expected at most one structured-output field",
+                       next(iter(given)))
+    if not given:
+        return {}, "response_format"
+    name, value = next(iter(given.items()))
+    if name == "response_format":
+        if value.type == "json_object":
+            return {"json_object": True}, name
+        if value.json_schema is None:
+            raise APIError("response_format has type json_schema without a json_schema: expected "
+                           "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}", name)
+        return {"json_schema": value.json_schema.schema_}, name
+    if name == "guided_choice":
+        if not value or not all(value):
+            raise APIError("guided_choice is invalid: expected a non-empty list of non-empty strings", name)
+        return {"grammar": "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)}, name
+    return {{"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar"}[name]: value}, name
 
 
 def _logprobs_name(request: CompletionRequest | ChatRequest) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.sampling_params import SamplingParams
+from verispec.structured.matcher import GrammarMatcher
 
 from .trees import TreeBatch, TreeShape
 
@@ -32,6 +33,9 @@ class DraftRequest:
     batch_invariant: its tokens must not depend on the rest of the batch (a seeded sampled
         request), so neither may its drafts: a drafter with a shared, bounded resource (a
         draft model's cache) serves it before the others.
+    grammar: structured output's grammar after the output (None without one): a drafter that
+        samples masks each draft row with grammar.masks([its drafts before that row]); the
+        engine cuts proposals at the first token the grammar forbids.
     """
 
     request_id: str
@@ -42,6 +46,7 @@ class DraftRequest:
     step: int
     num_prompt_tokens: int = 0
     batch_invariant: bool = False
+    grammar: GrammarMatcher | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_prompt_tokens <= len(self.token_ids):

@@ -12,8 +12,10 @@ takes as it is.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 
+import numpy as np
 import torch
 
 from ..sample import SamplingMetadata
@@ -21,19 +23,46 @@ from ..sample.penalties import PrecedingTokens
 from ..sample.processors import process_logits
 from ..sample.ragged import sample_inverse_cdf
 from ..sample.rng import DRAFT, uniform
+from ..structured.matcher import apply_token_mask
 from .base import DraftRequest
 from .trees import Children, Expand, GrownTree, Pick, TreeBatch, TreeShape, grow_trees, top_children
 
 
 def draft_metadata(requests: Sequence[DraftRequest], device: torch.device) -> SamplingMetadata:
-    """The sampling metadata of a drafter's call: each request's pipeline, streams and
-    penalty histories, rows in request order."""
-    return SamplingMetadata.from_params(
+    """The sampling metadata of a drafter's call: each request's pipeline, streams, penalty
+    histories and grammars, rows in request order."""
+    sampling = SamplingMetadata.from_params(
         [r.params for r in requests], steps=[r.step for r in requests],
         seeds=[r.seed for r in requests], device=device,
         prompt_token_ids=[r.prompt_token_ids for r in requests],
         output_token_ids=[r.output_token_ids for r in requests],
     )
+    if any(r.grammar is not None for r in requests):
+        sampling = dataclasses.replace(sampling, grammars=tuple(r.grammar for r in requests))
+    return sampling
+
+
+def grammar_masked(
+    sampling: SamplingMetadata,
+    requests: list[int],  # the request of each row
+    prefixes: list[list[int]],  # each row's tokens after the output (its drafts before it)
+    logits: torch.Tensor,  # [R, V] draft logits over the target's vocabulary, or [R, N] with `vocab`
+    vocab: torch.Tensor | None = None,  # [N] int64, the target token id of each column
+) -> torch.Tensor:  # logits with grammar-forbidden tokens at -inf (unchanged without grammars)
+    """The structured-output mask stage on draft rows, each with its own history, as the verifier
+    masks the target's rows (structured/matcher.py): a drafter then proposes only tokens the
+    grammar allows, and q is the masked distribution it drew from."""
+    if sampling.grammars is None:
+        return logits
+    width = next(g.vocab_size for g in sampling.grammars if g is not None)  # the target's vocabulary
+    mask = np.ones((logits.shape[0], width), dtype=np.bool_)
+    for row, (b, prefix) in enumerate(zip(requests, prefixes)):
+        grammar = sampling.grammars[b]
+        if grammar is not None:
+            mask[row] = grammar.masks([prefix])[0].numpy()
+    if vocab is not None:
+        mask = mask[:, vocab.cpu().numpy()]
+    return apply_token_mask(logits, torch.from_numpy(np.ascontiguousarray(mask)))
 
 
 def sample_drafts(
@@ -48,6 +77,7 @@ def sample_drafts(
     tells the caller which rows are usable."""
     device = logits.device
     rows = torch.tensor(active, dtype=torch.int64, device=device)
+    logits = grammar_masked(sampling, active, drafted, logits)
     q = process_logits(logits, rows, sampling, preceding=_preceding(sampling, drafted, device)).softmax(dim=-1)
     positions = torch.full((len(active),), position, dtype=torch.int64, device=device)
     sampled = sample_inverse_cdf(q, uniform(sampling.keys[rows], positions, DRAFT))
@@ -84,6 +114,8 @@ def sample_from_draft_vocab(
     logits and q is not built (None: one-hot, which greedy verification never reads), sparing
     a pass over the target's whole vocabulary per draft."""
     if sampling.all_greedy and sampling.adjustments is None:
+        # A grammar masks the head's own columns (no q over the whole vocabulary is needed).
+        logits = grammar_masked(sampling, active, drafted, logits, vocab)
         return vocab[logits.argmax(dim=-1)].tolist(), None, [True] * len(active)
     tokens, q = sample_drafts(sampling, active, drafted, widen_vocab(logits, vocab, vocab_size), position)
     return tokens, q, drafted_rows(q)
@@ -113,15 +145,18 @@ def tree_children(
     seeded request grows the same tree in any batch."""
     ranked = top_children(vocab)
     sampling = draft_metadata(requests, vocab.device)
-    if sampling.all_greedy and sampling.adjustments is None:
+    if sampling.all_greedy and sampling.adjustments is None and sampling.grammars is None:
         return ranked
 
     def pick(logits: torch.Tensor, rows: list[tuple[int, int]], trees: list[GrownTree], width: int) -> Children:
-        top = ranked(logits, rows, trees, width)  # logits: [rows, N]
         device = logits.device
         requests_of_rows = torch.tensor([active[r] for r, _ in rows], dtype=torch.int64, device=device)
         paths = [[trees[r].token_ids[j] for j in trees[r].path(parent)] if parent >= 0 else [] for r, parent in rows]
-        q = process_logits(widen_vocab(logits, vocab, vocab_size), requests_of_rows, sampling,
+        wide = grammar_masked(sampling, [active[r] for r, _ in rows], paths, widen_vocab(logits, vocab, vocab_size))
+        if sampling.grammars is not None:  # greedy children ranked among the allowed tokens too
+            logits = wide[:, vocab]
+        top = ranked(logits, rows, trees, width)  # logits: [rows, N]
+        q = process_logits(wide, requests_of_rows, sampling,
                            preceding=_preceding(sampling, paths, device)).softmax(dim=-1)
         first = torch.tensor([(parent + 1) * width for _, parent in rows], dtype=torch.int64, device=device)
         drawn = draw_without_replacement(q, sampling.keys[requests_of_rows], first, width)
