@@ -6,7 +6,7 @@ prompts, greedy, streamed: verispec serve and llama.cpp's `llama-server` on the 
 file (verispec runs its 4-bit blocks as stored; llama-server with one slot per client and
 continuous batching), transformers on the float32 checkpoint verispec converts from it (it
 cannot run the GGUF's blocks). For concurrency 1, 4 and 16 clients (threads, each sending its
-share of the requests back to back) it measures requests/s, output tokens/s (completions
+next request as soon as its last one finished) it measures requests/s, output tokens/s (completions
 re-tokenized with the model's tokenizer, so every server is counted alike), time to first token
 and inter-chunk latency (p50 / p99). The `offline` rows run the same requests through
 LLM.chat with max_num_seqs = clients (bench/serve_offline.py), so server / offline is what the
@@ -114,17 +114,25 @@ def one_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int)
 
 
 def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> list[dict]:
+    """`concurrency` clients, each taking the next request as soon as its last one finished (one
+    shared queue, as users would, and as the offline engine's queue does: no client is left with
+    a heavier share at the end)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
     results: list[dict] = []
     lock = threading.Lock()
+    pending = iter(range(requests))
 
-    def worker(index: int) -> None:
-        for i in range(index, requests, concurrency):
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(pending, None)
+            if i is None:
+                return
             result = one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens)
             with lock:
                 results.append(result)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
