@@ -34,6 +34,19 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [f"{a} {b}" for a, b in _MERGES]
 
 
+def write_tiny_vocab(writer) -> None:
+    """The tiny vocabulary, BOS 1, EOS 2 and the ChatML template into a gguf.GGUFWriter."""
+    tokens, types, merges = tiny_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+
 def tiny_tokenizer() -> Tokenizer:
     tokens, types, merges = tiny_vocab()
     backend = build_bpe_tokenizer("gpt2", "smollm", tokens, types, merges, bos_token_id=1,

@@ -15,9 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from verispec.model import converted_checkpoint_dir, load_model
-from verispec.model.chat_template import CHATML_TEMPLATE
 
-from .conftest import tiny_vocab
+from .conftest import write_tiny_vocab
 from .test_families import FAMILIES, _ids, make_hf
 from .test_llama import hf_logits, run_schedule
 from .test_loader import _llama_cpp_permute
@@ -84,15 +83,7 @@ def write_gguf(path, hf, arch: str, q8: bool = False) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, key, None):
             getattr(writer, f"add_{key}")(getattr(cfg, key))
-    tokens, types, merges = tiny_vocab()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    write_tiny_vocab(writer)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
     for name, tensor in hf.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:

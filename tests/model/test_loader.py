@@ -17,7 +17,7 @@ from verispec.model import AttentionMetadata, gguf_file, load_model
 from verispec.model.chat_template import CHATML_TEMPLATE
 from verispec.model.loader import converted_checkpoint_dir
 
-from .conftest import TINY_CONFIG, make_hf_tiny, tiny_tokenizer, tiny_vocab
+from .conftest import TINY_CONFIG, make_hf_tiny, tiny_tokenizer, tiny_vocab, write_tiny_vocab
 
 _GGUF_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -46,16 +46,8 @@ def write_tiny_gguf(path: Path, hf) -> None:
     writer.add_rope_freq_base(TINY_CONFIG["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    tokens, types, merges = tiny_vocab()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    write_tiny_vocab(writer)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
     for name, tensor in hf.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
