@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -32,6 +33,22 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     tokens += [f"<unused{i}>" for i in range(TINY_VOCAB - len(tokens))]
     types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
     return tokens, types, [f"{a} {b}" for a, b in _MERGES]
+
+
+def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    # What llama.cpp's convert_hf_to_gguf.py does to q_proj and k_proj.
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]) \
+        .swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_shape(writer, cfg) -> None:
+    """A Hugging Face config's layer count, context and widths into a gguf.GGUFWriter."""
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
 
 
 def write_tiny_vocab(writer) -> None:

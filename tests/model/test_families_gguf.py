@@ -16,10 +16,9 @@ from transformers import AutoModelForCausalLM
 
 from verispec.model import converted_checkpoint_dir, load_model
 
-from .conftest import write_tiny_vocab
+from .conftest import llama_cpp_permute, write_shape, write_tiny_vocab
 from .test_families import FAMILIES, _ids, make_hf
 from .test_llama import hf_logits, run_schedule
-from .test_loader import _llama_cpp_permute
 
 # test_families id -> (GGUF architecture, options changed). Gemma 2/3 use head_dim for
 # query_pre_attn_scalar: llama.cpp scales by head_dim ** -0.5 except in the 27B models; its
@@ -55,12 +54,7 @@ def write_gguf(path, hf, arch: str, q8: bool = False) -> None:
     """q8: matrices stored as Q8_0 blocks (the rest float32, as llama.cpp keeps norms)."""
     cfg = hf.config
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    write_shape(writer, cfg)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
@@ -92,7 +86,7 @@ def write_gguf(path, hf, arch: str, q8: bool = False) -> None:
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                               "k_proj.bias")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
-            array = _llama_cpp_permute(array, heads)
+            array = llama_cpp_permute(array, heads)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))

@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -17,7 +16,8 @@ from verispec.model import AttentionMetadata, gguf_file, load_model
 from verispec.model.chat_template import CHATML_TEMPLATE
 from verispec.model.loader import converted_checkpoint_dir
 
-from .conftest import TINY_CONFIG, make_hf_tiny, tiny_tokenizer, tiny_vocab, write_tiny_vocab
+from .conftest import (TINY_CONFIG, llama_cpp_permute, make_hf_tiny, tiny_tokenizer, tiny_vocab, write_shape,
+                       write_tiny_vocab)
 
 _GGUF_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -27,22 +27,11 @@ _GGUF_NAMES = {
 }
 
 
-def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    # What llama.cpp's convert_hf_to_gguf.py does to q_proj and k_proj.
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]) \
-        .swapaxes(1, 2).reshape(weight.shape)
-
-
 def write_tiny_gguf(path: Path, hf) -> None:
     """The HF model as llama.cpp would convert it (float32 tensors, q/k permuted)."""
     cfg = hf.config
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    write_shape(writer, cfg)
     writer.add_rope_freq_base(TINY_CONFIG["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
@@ -53,9 +42,9 @@ def write_tiny_gguf(path: Path, hf) -> None:
             continue
         array = tensor.numpy().copy()
         if name.endswith("q_proj.weight"):
-            array = _llama_cpp_permute(array, cfg.num_attention_heads)
+            array = llama_cpp_permute(array, cfg.num_attention_heads)
         elif name.endswith("k_proj.weight"):
-            array = _llama_cpp_permute(array, cfg.num_key_value_heads)
+            array = llama_cpp_permute(array, cfg.num_key_value_heads)
         if name.startswith("model.layers."):
             _, _, layer, *rest = name.split(".")
             gguf_name = f"blk.{layer}.{_GGUF_NAMES['.'.join(rest[:-1])]}.weight"
