@@ -461,7 +461,6 @@ class LLMEngine:
             uncond_rows.extend(range(row + n, row + 2 * n) if p.request.uses_cfg else range(row, row + n))
             row += n * len(p.request.seqs)
         device = logits.device
-        index = torch.tensor(target_rows, device=device)
         uncond = None
         if any(p.request.uses_cfg for p in sampling):
             uncond = logits.index_select(0, torch.tensor(uncond_rows, device=device))
@@ -476,7 +475,8 @@ class LLMEngine:
             output_token_ids=[p.request.output_token_ids for p in sampling],
         )
         # Without CFG every logits row is a target row: no copy of [rows, V].
-        target = logits if len(target_rows) == logits.shape[0] else logits.index_select(0, index)
+        target = logits if len(target_rows) == logits.shape[0] \
+            else logits.index_select(0, torch.tensor(target_rows, device=device))
         if any(p.request.grammar is not None for p in sampling):
             target, uncond = _grammar_masked(sampling, drafts, target, uncond)
         draft_ids = torch.tensor(ids, dtype=torch.int64, device=device)
