@@ -8,14 +8,15 @@ same prompts, greedy, for each dtype:
   generation, verispec without speculation, verispec with the n-gram drafter;
 - batch 1, sampled (temperature 0.8, top-k 50, top-p 0.9) on the open prompt, fixed length:
   HF `generate`, verispec without and with the n-gram drafter;
-- batch 16 aggregate throughput: HF `generate` (left-padded batch), verispec without and with
-  the n-gram drafter.
+- batch 16 (and --batch sizes) aggregate throughput: HF `generate` (left-padded batch),
+  verispec without and with the n-gram drafter.
 Also printed: the weight-bytes floor of one decode step (model bytes / copy bandwidth measured in
 the same run) and whether each greedy output equals HF's token for token.
 
     python bench/e2e.py                       # fp32 and bf16, 2 threads
     python bench/e2e.py --dtype float32 --max-tokens 64
     python bench/e2e.py --model path/to/Qwen2.5-0.5B-Instruct --dtype float32
+    python bench/e2e.py --device cuda --dtype bfloat16 --batch 16 64   # on a GPU
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ PROMPTS = {
 }
 # Sampled rows: a common setting whose filters need the top of each sorted row.
 SAMPLED = dict(temperature=0.8, top_k=50, top_p=0.9)
+# Batches are distinct prompts (prefix caching would share identical ones): topic x style.
+BATCH_STYLES = ["Write three sentences about {}.", "Describe {} to a child.", "List four facts about {}.",
+                "Write a short poem about {}."]
 BATCH_TOPICS = [
     "the ocean", "volcanoes", "bees", "the moon", "chess", "bread", "rivers", "owls",
     "glaciers", "trains", "tea", "deserts", "whales", "clocks", "maps", "rain",
@@ -56,8 +60,13 @@ def chat(llm: LLM, text: str) -> list[int]:
 
 
 def timed(fn):
+    """fn's result and wall seconds, the GPU's queued work included."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     start = time.perf_counter()
     result = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return result, time.perf_counter() - start
 
 
@@ -70,8 +79,8 @@ def hf_generate(model, prompts: list[list[int]], max_tokens: int, **kwargs) -> t
     pad = pad[0] if isinstance(pad, list) else pad
     if pad is None:  # a checkpoint without EOS: any id pads, the mask hides it
         pad = model.generation_config.pad_token_id or 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with torch.inference_mode():
         out, seconds = timed(lambda: model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
@@ -97,14 +106,18 @@ def ours(llm: LLM, prompts: list[list[int]], max_tokens: int, fixed_length: bool
     return [o.token_ids for o in outs], seconds, acceptance
 
 
-def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float,
-              model: str | None = None) -> list[dict]:
+def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float, model: str | None,
+              device: str, batches: list[int]) -> list[dict]:
     dtype = resolve_dtype(dtype_name)
-    plain = LLM(model, draft="none", dtype=dtype, kv_cache_gib=0.25, progress=False)
-    ngram = LLM(model, draft="ngram", num_speculative_tokens=k, dtype=dtype, kv_cache_gib=0.25, progress=False)
+    # The KV cache for the largest batch: ~40 prompt + max_tokens (+ K drafts) tokens each.
+    kv_gib = 0.25 if device == "cpu" else 2.0
+    common = dict(dtype=dtype, device=device, kv_cache_gib=kv_gib, max_num_seqs=max(batches + [1]),
+                  progress=False)
+    plain = LLM(model, draft="none", **common)
+    ngram = LLM(model, draft="ngram", num_speculative_tokens=k, **common)
     # transformers reads a GGUF file (and the embedded default) as verispec's converted directory.
     directory = converted_checkpoint_dir(model) if model is None or model.endswith(".gguf") else model
-    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     floor_s = weight_bytes / bandwidth
     print(f"\n== {dtype_name}: weights {weight_bytes / 2**20:.0f} MiB, decode-step floor {floor_s * 1e3:.1f} ms "
@@ -153,22 +166,24 @@ def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float,
               f" {'' if acc is None else f'{acc:.2f}':>6}")
     # Throughput: every request generates exactly max_tokens (EOS ignored), as throughput
     # benchmarks usually fix output lengths, so no system is measured on a lone straggler.
-    prompts = [chat(plain, f"Write three sentences about {t}.") for t in BATCH_TOPICS]
-    hf_out, hf_s = hf_generate(hf, prompts, max_tokens, min_new_tokens=max_tokens)
-    (first,), first_s, _ = ours(plain, prompts[:1], max_tokens, fixed_length=True)
+    texts = [style.format(topic) for style in BATCH_STYLES for topic in BATCH_TOPICS]
+    (first,), first_s, _ = ours(plain, [chat(plain, texts[0])], max_tokens, fixed_length=True)
     single = len(first) / first_s
-    for system, (ids, seconds) in (
-        ("HF generate", (hf_out, hf_s)),
-        ("verispec", ours(plain, prompts, max_tokens, fixed_length=True)[:2]),
-        ("verispec + n-gram", ours(ngram, prompts, max_tokens, fixed_length=True)[:2]),
-    ):
-        total = sum(len(x) for x in ids)
-        rate = total / seconds
-        rows.append({"dtype": dtype_name, "prompt": "16 topics", "batch": 16, "system": system, "tokens": total,
-                     "seconds": seconds, "tok_per_s": rate, "vs_hf": rate / (sum(len(x) for x in hf_out) / hf_s),
-                     "vs_own_batch1": rate / single})
-        print(f"{'b=16':<6} {system:<24} {total:>6} {rate:>7.1f} {rows[-1]['vs_hf']:>5.2f}x"
-              f"   ({rate / single:.1f}x our batch-1 tok/s, first prompt alone)")
+    for batch in batches:
+        prompts = [chat(plain, text) for text in texts[:batch]]
+        hf_out, hf_s = hf_generate(hf, prompts, max_tokens, min_new_tokens=max_tokens)
+        for system, (ids, seconds) in (
+            ("HF generate", (hf_out, hf_s)),
+            ("verispec", ours(plain, prompts, max_tokens, fixed_length=True)[:2]),
+            ("verispec + n-gram", ours(ngram, prompts, max_tokens, fixed_length=True)[:2]),
+        ):
+            total = sum(len(x) for x in ids)
+            rate = total / seconds
+            rows.append({"dtype": dtype_name, "prompt": f"{batch} topics", "batch": batch, "system": system,
+                         "tokens": total, "seconds": seconds, "tok_per_s": rate,
+                         "vs_hf": rate / (sum(len(x) for x in hf_out) / hf_s), "vs_own_batch1": rate / single})
+            print(f"{f'b={batch}':<6} {system:<24} {total:>6} {rate:>7.1f} {rows[-1]['vs_hf']:>5.2f}x"
+                  f"   ({rate / single:.1f}x our batch-1 tok/s, first prompt alone)")
     return rows
 
 
@@ -178,21 +193,27 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("-k", type=int, default=5, help="draft tokens per step, ours and HF prompt lookup")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[16], choices=range(2, 65), metavar="N",
+                        help="batch sizes of the throughput rows, 2..64 (default: 16)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/e2e.json"))
     parser.add_argument("--model", default=None,
                         help="a checkpoint directory or .gguf file (default: the embedded SmolLM2-135M)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    bandwidth = copy_bandwidth(torch.device("cpu"))
+    device = torch.device(args.device)
+    bandwidth = copy_bandwidth(device)
     capability = torch.backends.cpu.get_cpu_capability()
     bf16_arithmetic = cpu_has_bf16_arithmetic()
-    print(f"threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s cpu={capability} "
-          f"bf16 arithmetic={'yes' if bf16_arithmetic else 'no (bf16 products of 2+ rows widened to fp32)'}")
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda" else
+             f"cpu={capability} bf16 arithmetic="
+             f"{'yes' if bf16_arithmetic else 'no (bf16 products of 2+ rows widened to fp32)'}")
+    print(f"threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s {where}")
     rows = [dict(row, model=args.model or "embedded SmolLM2-135M-Instruct")
-            for dtype in args.dtype for row in run_dtype(dtype, args.max_tokens, args.k, bandwidth, args.model)]
-    write_json(args.json, torch.device("cpu"), rows, copy_bandwidth_bytes_per_s=bandwidth,
+            for dtype in args.dtype
+            for row in run_dtype(dtype, args.max_tokens, args.k, bandwidth, args.model, args.device, args.batch)]
+    write_json(args.json, device, rows, copy_bandwidth_bytes_per_s=bandwidth,
                cpu_capability=capability, cpu_bf16_arithmetic=bf16_arithmetic)
-
 
 if __name__ == "__main__":
     main()

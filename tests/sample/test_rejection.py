@@ -204,23 +204,26 @@ def test_bad_input_names_the_argument(mutate, match) -> None:
 
 @pytest.mark.parametrize("backend", ["native", pytest.param("triton", marks=pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton is not installed"))])
-def test_garbage_without_validation_never_emits_out_of_range_ids(backend: str) -> None:
+@pytest.mark.parametrize("vocab", [8, 128_256] if torch.cuda.is_available() else [8])
+def test_garbage_without_validation_never_emits_out_of_range_ids(backend: str, vocab: int) -> None:
     """NaN / +-inf rows, NaN draft rows and out-of-range draft ids, unvalidated: every emitted id
-    stays in [0, V) and placeholders follow, on every backend."""
+    stays in [0, V) and placeholders follow, on every backend (on the GPU where there is one)."""
     g = torch.Generator().manual_seed(4)
-    vocab = 8
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     target = torch.randn(11, vocab, generator=g)
     target[0] = float("nan")
     target[4] = float("-inf")
     target[7, 2] = float("inf")
     uncond = target.flip(0)
-    ids = torch.tensor([9, -3, 2, 5, 100, 1, 0, 3])
+    ids = torch.tensor([vocab + 1, -3, 2, 5, vocab + 92, 1, 0, 3])
     cu = torch.tensor([0, 2, 5, 8])
     nan_rows = torch.full((8, vocab), float("nan"))
     for params in (SamplingParams(), GREEDY, SamplingParams(top_k=3, top_p=0.5, min_p=0.1, guidance_scale=2.0)):
         for draft in (None, DraftProbs(nan_rows), DraftLogits(nan_rows)):
-            sampling = SamplingMetadata.from_params([params] * 3, seeds=[1, 2, 3])
-            out = rejection_sample(target, ids, cu, sampling, draft=draft, uncond_logits=uncond,
-                                   validate=False, max_num_draft_tokens=3, backend=backend)
+            sampling = SamplingMetadata.from_params([params] * 3, seeds=[1, 2, 3], device=device)
+            draft = None if draft is None else type(draft)(*(t.to(device) for t in draft))
+            out = rejection_sample(target.to(device), ids.to(device), cu.to(device), sampling, draft=draft,
+                                   uncond_logits=uncond.to(device), validate=False, max_num_draft_tokens=3,
+                                   backend=backend)
             for row, n in zip(out.token_ids.tolist(), out.num_emitted.tolist()):
                 assert all(0 <= t < vocab for t in row[:n]) and all(t == -1 for t in row[n:]), out.token_ids

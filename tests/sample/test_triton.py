@@ -21,9 +21,12 @@ from verispec.sample import DraftLogits, DraftProbs, rejection_sample, rejection
 from verispec.sample import rejection
 from verispec.sample.processors import process_logits
 
+from ..stats import chi_square
 from .harness import V, World
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# A real vocabulary (Llama 3's) where the kernels run compiled; the interpreter keeps to small ones.
+VOCABS = [16, 128_256] if DEVICE.type == "cuda" else [16]
 N = 100_000
 GREEDY = SamplingParams(temperature=0)
 
@@ -112,6 +115,48 @@ def test_probabilities_in_follow_target(kind: str) -> None:
         assert result.passed, f"{name}: {result}"
 
 
+@needs_triton
+@pytest.mark.parametrize("vocab", VOCABS[1:])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=50, top_p=0.9)],
+                         ids=["plain", "top-k50-top-p0.9"])
+def test_first_token_follows_target_at_a_real_vocabulary(vocab: int, dtype: torch.dtype,
+                                                         params: SamplingParams) -> None:
+    """Compiled kernels only: N requests share one target row set and a broad drafter q, K = 2;
+    the first emitted token must follow the target's processed distribution p (chi-square,
+    false alarm 1e-6; the tail of tiny-probability tokens merged into one bin). The drafted
+    tokens themselves, distributed as q, fail the same test: it has the power to see a wrong
+    residual."""
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    chunk, k = 2048, 2
+    target_rows = (torch.randn(k + 1, vocab, device=DEVICE, generator=g) * 2.5).to(dtype)
+    q = torch.softmax(torch.randn(k, vocab, device=DEVICE, generator=g) * 2.5, -1)
+    target = target_rows.repeat(chunk, 1)  # [chunk * (K + 1), V]
+    draft = DraftProbs(q.repeat(chunk, 1))
+    cu = torch.arange(chunk + 1, device=DEVICE) * k
+    first, drafted = [], []
+    for start in range(0, N, chunk):
+        ids = torch.multinomial(q, chunk, replacement=True, generator=g).t().reshape(-1)  # [chunk * K]
+        sampling = SamplingMetadata.from_params([params] * chunk, seeds=range(start, start + chunk), device=DEVICE)
+        out = rejection_sample(target, ids, cu, sampling, draft=draft, max_num_draft_tokens=k, backend="triton")
+        first.append(out.token_ids[:, 0].cpu())
+        drafted.append(ids.reshape(chunk, k)[:, 0].cpu())
+    first, drafted = torch.cat(first)[:N], torch.cat(drafted)[:N]
+    one = SamplingMetadata.from_params([params])
+    p = process_logits(target_rows[:1].float().cpu(), torch.zeros(1, dtype=torch.long), one).double().softmax(-1)[0]
+    result = chi_square(first, p)
+    assert result.passed, result
+    assert not _follows(drafted, p)
+
+
+def _follows(samples: torch.Tensor, probs: torch.Tensor) -> bool:
+    """chi_square's verdict, False also where a sample has probability 0 (it asserts then)."""
+    try:
+        return chi_square(samples, probs).passed
+    except AssertionError:
+        return False
+
+
 def _random_batch(seed: int, vocab: int = 16, dtype: torch.dtype = torch.float32):
     """Ragged K (0 included), random logits, draft probabilities and draft logits."""
     g = torch.Generator().manual_seed(seed)
@@ -161,8 +206,9 @@ def _both(batch: dict, kind: str, params: list[SamplingParams], steps: int = 3):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["onehot", "probs", "logits"])
 @pytest.mark.parametrize("name", [*PARAMS, "mixed"])
-def test_decisions_and_greedy_tokens_match_native(name: str, kind: str, dtype: torch.dtype) -> None:
-    batch = _random_batch(0, dtype=dtype)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_decisions_and_greedy_tokens_match_native(name: str, kind: str, dtype: torch.dtype, vocab: int) -> None:
+    batch = _random_batch(0, vocab, dtype)
     sampling, native, fast = _both(batch, kind, MIXED_PARAMS if name == "mixed" else [PARAMS[name]])
     assert fast.num_accepted.cpu().tolist() == native.num_accepted.tolist()
     assert torch.equal(fast.num_emitted.cpu(), native.num_accepted + 1)
@@ -225,8 +271,10 @@ def _split_races(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("kind", ["onehot", "probs", "logits"])
-def test_poisoned_buffers_and_split_races_change_nothing(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    batch = _random_batch(1)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_poisoned_buffers_and_split_races_change_nothing(kind: str, vocab: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = _random_batch(1, vocab)
     _, _, clean = _both(batch, kind, MIXED_PARAMS)
     _poison(monkeypatch)
     _, _, poisoned = _both(batch, kind, MIXED_PARAMS)
@@ -261,9 +309,9 @@ def test_probabilities_in_match_native_decisions(monkeypatch: pytest.MonkeyPatch
 
 
 @needs_triton
-def test_same_seed_same_tokens_whatever_the_batch() -> None:
+@pytest.mark.parametrize("vocab", [50, *VOCABS[1:]])
+def test_same_seed_same_tokens_whatever_the_batch(vocab: int) -> None:
     g = torch.Generator().manual_seed(2)
-    vocab = 50
     mine_target = torch.randn(4, vocab, generator=g)
     mine_logits = torch.randn(3, vocab, generator=g)
     mine_drafts = torch.tensor([1, 2, 3])
