@@ -5,7 +5,6 @@
 # 64 MiB). Run from the repository root: bash bench/gpu/sampler.sh
 source bench/gpu/env.sh
 mkdir -p /tmp/vsmodel && cp .gpu/part0 /tmp/vsmodel/
-timeout 200 python3 -m pytest -p no:cacheprovider -n 8 -rfE --durations=10 tests/sample/test_triton.py \
-    tests/sample/test_rejection.py tests/model/test_llama.py tests/engine/test_cuda.py 2>&1 | tee "$OUT/pytest.log" | tail -45
+bash bench/gpu/tests.sh
 timeout 110 python3 bench/verify.py --device cuda --batch 1 8 64 256 --k 3 5 --vocab 128256 \
     --dtype float32 bfloat16 --modes random greedy top-k50-p0.9 --json "$OUT/verify.json" 2>&1 | tee "$OUT/verify.log"
