@@ -1,7 +1,9 @@
 """The quantized target as its own drafter (draft="int4" / "int8"): its drafts are sampled from
 the request's pipeline over the int4 copy's logits and verified against the full-precision
 target, so the output follows the target exactly: chi-square (false alarm 1e-6) plain, with top-p
-and with CFG; the copy's own samples, the wrong variant, fail the same test."""
+and with CFG; the copy's own samples, the wrong variant, fail the same test. Likewise an EAGLE
+head with int8 products (quantize_linears_, as LLM runs one on a quantized target) drafting for
+a 4-bit target."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ from verispec import SamplingParams
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
+from verispec.model.quant.linear import QuantLinear, quantize_linears_
 from verispec.spec_decode.draft_model import DraftModelDrafter
+from verispec.spec_decode.eagle import EagleDrafter
+from verispec.spec_decode.heads import HeadConfig, new_head
 
 from ..stats import chi_square
 from ..tiny import run_all, tiny_engine, tiny_model
+from .test_learned import _engine as fixed_k_engine
 
 VOCAB, PROMPT, NEGATIVE = 8, [1, 2, 3], [5, 6]
 # int4 in groups of 32 moves the first token's distribution by a total variation of 0.09 here:
@@ -76,3 +82,20 @@ def test_the_int4_copys_own_samples_fail_the_same_test() -> None:
     done = run_all(engine)
     pairs = torch.tensor([done[i].token_ids[:2] for i in ids])
     assert not _pairs_fit(target, pairs, params)
+
+
+def test_an_int8_eagle_head_on_a_4_bit_target_keeps_the_output_exact() -> None:
+    target = tiny_model(**TARGET, quantization=(4, 32))
+    head = new_head(HeadConfig.for_target("eagle", target.config), target, torch.arange(VOCAB))
+    assert quantize_linears_(head) == sum(isinstance(m, QuantLinear) for m in head.modules()) > 0
+    engine = fixed_k_engine(target, EagleDrafter(head, num_blocks=8192, block_size=4), max_seqs=1024,
+                            num_blocks=16384)
+    # The head drafts from the second step on (it reads the target's hidden states): y2 is
+    # verified against up to two drafts.
+    params = dataclasses.replace(GROUPS["top-p"], max_tokens=4)
+    ids = [engine.add_request(PROMPT, dataclasses.replace(params, seed=s)) for s in range(N // 2)]
+    done = run_all(engine)
+    drafted = sum(o.stats.num_draft_tokens for o in done.values())
+    assert 0.02 * drafted < sum(o.stats.num_accepted_tokens for o in done.values()) < 0.9 * drafted
+    pairs = torch.tensor([done[i].token_ids[:2] for i in ids])
+    assert _pairs_fit(target, pairs, params)

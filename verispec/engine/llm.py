@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConfig, StructuredOutputConfig, TreeShape
 from ..model import LlamaModel, load_model
 from ..model.loader import QUANTIZATIONS
+from ..model.quant.linear import quantize_linears_
 from ..sampling_params import SamplingParams
 from ..spec_decode.base import Drafter
 from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
@@ -114,6 +115,8 @@ def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks:
         raise ValueError(f"draft={kind!r} names the {kind} head shipped for the embedded model, which "
                          f"does not fit this model ({error}); train one with `verispec train-drafter "
                          f"--kind {kind} --model ...` and pass its file as draft") from None
+    if model.quantized:  # int8 products, as the target's own run (quantize_linears_)
+        quantize_linears_(head, bits=8)
     return EagleDrafter(head, num_blocks, block_size, prefix_caching) if kind == "eagle" else MedusaDrafter(head)
 
 

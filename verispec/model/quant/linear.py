@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.model.quant.formats import PanelWeight, QuantizedWeight
+from verispec.model.linear import Linear
+from verispec.model.quant.formats import BLOCK, PanelWeight, QuantizedWeight, quantize_rtn
 from verispec.model.quant.kernels import prepare, qlinear
 
 Part = QuantizedWeight | torch.Tensor
@@ -81,3 +82,22 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         kinds = ["float32" if isinstance(p, torch.Tensor) else p.kind for p in self.parts]
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={kinds}"
+
+
+def quantize_linears_(module: nn.Module, bits: int = 8) -> int:
+    """Replaces every float Linear under `module` whose width blocks of 32 divide by a QuantLinear
+    of its weight rounded to `bits`-bit blocks (formats.quantize_rtn); returns how many. A learned
+    head on a quantized target runs this way: its float32 products would cost as much as the
+    target's whole 4-bit step."""
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, Linear) or child.weight.shape[1] % BLOCK:
+                continue
+            quantized = QuantLinear(child.weight.shape[1], child.weight.shape[0], child.bias is not None)
+            quantized.load([quantize_rtn(child.weight.detach().float(), bits, BLOCK)])
+            if child.bias is not None:
+                quantized.bias.copy_(child.bias.float())
+            setattr(parent, name, quantized)
+            replaced += 1
+    return replaced
