@@ -9,6 +9,7 @@ EOS or --max-tokens) and sampled (temperature 0.8, top-k 50, top-p 0.9, fixed le
 the tokens of all prompts over their total time, the median over rounds. Start-up: process
 start to the first token of the first prompt. Peak RSS (VmHWM) twice: after the batch-1 runs
 ("RSS b1", what llama.cpp's rows measure too) and at the end, batch 16's KV cache included.
+llama.cpp's batch 16 runs its own batched API (llama_batch, one sequence per prompt).
 
     python bench/quant.py                              # everything, 2 threads, 2 rounds
     python bench/quant.py --llama-python /path/to/python-with-llama_cpp
@@ -125,7 +126,78 @@ def _llama_cpp(options: dict, prompts: list[list[int]], max_tokens: int, started
             tokens += run(ids, sampled)
             seconds += time.perf_counter() - start
         out[name] = tokens / seconds
+    if not options["lookup"]:
+        out["rss_batch1_mib"] = _peak_rss_mib()
+        del llm
+        out["batch16"] = _llama_cpp_batch([ids for ids in prompts for _ in range(4)], max_tokens,
+                                          model_path, threads)
     return out
+
+
+def _llama_cpp_batch(prompts: list[list[int]], max_tokens: int, model_path: str, threads: int) -> float:
+    """Output tok/s of llama.cpp's own batched API (llama_batch over one sequence per prompt,
+    as its `batched` example): every prompt prefilled in one decode, then one token per live
+    sequence per decode, greedy (argmax of the logits), a sequence ending at an end-of-generation
+    token or max_tokens, as the verispec batch-16 row."""
+    import ctypes
+
+    import llama_cpp as C
+    import numpy as np
+
+    C.llama_backend_init()
+    model = C.llama_model_load_from_file(model_path.encode(), C.llama_model_default_params())
+    vocab = C.llama_model_get_vocab(model)
+    n_vocab = C.llama_vocab_n_tokens(vocab)
+    params = C.llama_context_default_params()
+    total = sum(len(p) for p in prompts)
+    params.n_ctx = len(prompts) * (max(len(p) for p in prompts) + max_tokens + 8)
+    params.n_batch = params.n_ubatch = max(total, len(prompts))
+    params.n_seq_max = len(prompts)
+    params.n_threads = params.n_threads_batch = threads
+    ctx = C.llama_init_from_model(model, params)
+    batch = C.llama_batch_init(params.n_batch, 0, 1)
+
+    def decode(entries: list[tuple[int, int, int, bool]]) -> None:  # (token, position, seq, logits)
+        batch.n_tokens = len(entries)
+        for i, (token, position, seq, wants) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, wants
+        if C.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def argmax(index: int) -> int:
+        row = C.llama_get_logits_ith(ctx, index)
+        return int(np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), (n_vocab,)).argmax())
+
+    start = time.perf_counter()
+    entries = [(t, i, s, i == len(p) - 1) for s, p in enumerate(prompts) for i, t in enumerate(p)]
+    decode(entries)
+    last = {s: sum(len(q) for q in prompts[:s + 1]) - 1 for s in range(len(prompts))}  # batch index
+    length = {s: len(p) for s, p in enumerate(prompts)}
+    count = dict.fromkeys(range(len(prompts)), 0)
+    live = set(range(len(prompts)))
+    while live:
+        step = []
+        for s in sorted(live):
+            token = argmax(last[s])
+            if C.llama_vocab_is_eog(vocab, token):  # not counted, as in the batch-1 rows
+                live.discard(s)
+                continue
+            count[s] += 1
+            if count[s] == max_tokens:
+                live.discard(s)
+                continue
+            step.append((token, length[s], s, True))
+            length[s] += 1
+        if step:
+            decode(step)
+            last = {seq: i for i, (_, _, seq, _) in enumerate(step)}
+    produced = sum(count.values())
+    seconds = time.perf_counter() - start
+    C.llama_batch_free(batch)
+    C.llama_free(ctx)
+    C.llama_model_free(model)
+    return produced / seconds
 
 
 def _hf(prompts: list[list[int]], max_tokens: int, started: float) -> dict:
