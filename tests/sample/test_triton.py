@@ -117,9 +117,10 @@ def test_probabilities_in_follow_target(kind: str) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("vocab", VOCABS[1:])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=50, top_p=0.9)],
-                         ids=["plain", "top-k50-top-p0.9"])
+@pytest.mark.parametrize("dtype,params", [
+    (torch.float32, SamplingParams()),
+    (torch.bfloat16, SamplingParams(temperature=0.8, top_k=50, top_p=0.9)),
+], ids=["float32-plain", "bfloat16-top-k50-top-p0.9"])
 def test_first_token_follows_target_at_a_real_vocabulary(vocab: int, dtype: torch.dtype,
                                                          params: SamplingParams) -> None:
     """Compiled kernels only: N requests share one target row set and a broad drafter q, K = 2;
@@ -128,7 +129,7 @@ def test_first_token_follows_target_at_a_real_vocabulary(vocab: int, dtype: torc
     tokens themselves, distributed as q, fail the same test: it has the power to see a wrong
     residual."""
     g = torch.Generator(device=DEVICE).manual_seed(3)
-    chunk, k = 2048, 2
+    chunk, k = 4096, 2
     target_rows = (torch.randn(k + 1, vocab, device=DEVICE, generator=g) * 2.5).to(dtype)
     q = torch.softmax(torch.randn(k, vocab, device=DEVICE, generator=g) * 2.5, -1)
     target = target_rows.repeat(chunk, 1)  # [chunk * (K + 1), V]
@@ -138,7 +139,8 @@ def test_first_token_follows_target_at_a_real_vocabulary(vocab: int, dtype: torc
     for start in range(0, N, chunk):
         ids = torch.multinomial(q, chunk, replacement=True, generator=g).t().reshape(-1)  # [chunk * K]
         sampling = SamplingMetadata.from_params([params] * chunk, seeds=range(start, start + chunk), device=DEVICE)
-        out = rejection_sample(target, ids, cu, sampling, draft=draft, max_num_draft_tokens=k, backend="triton")
+        out = rejection_sample(target, ids, cu, sampling, draft=draft, max_num_draft_tokens=k, backend="triton",
+                               validate=False)
         first.append(out.token_ids[:, 0].cpu())
         drafted.append(ids.reshape(chunk, k)[:, 0].cpu())
     first, drafted = torch.cat(first)[:N], torch.cat(drafted)[:N]
