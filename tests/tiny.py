@@ -18,12 +18,15 @@ from verispec.spec_decode.base import Drafter
 
 
 def tiny_model(seed: int, vocab: int = 16, hidden: int = 32, layers: int = 2, scale: float = 1.0,
-               eos: tuple[int, ...] = (), quantization: tuple[int, int] | None = None) -> LlamaModel:
+               eos: tuple[int, ...] = (), quantization: tuple[int, int] | None = None,
+               window: int | None = None) -> LlamaModel:
     """Random weights; `scale` sharpens (>1) or flattens (<1) the output distributions;
-    `quantization` (bits, group size): the same weights rounded to blocks (int4 / int8)."""
+    `quantization` (bits, group size): the same weights rounded to blocks (int4 / int8);
+    `window`: every layer slides (Mistral)."""
     config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
                          num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rope_theta=5000.0,
-                         max_position_embeddings=512, tie_word_embeddings=False, eos_token_ids=eos)
+                         max_position_embeddings=512, tie_word_embeddings=False, eos_token_ids=eos,
+                         sliding_window=window)
     g = torch.Generator().manual_seed(seed)
 
     def w(*shape: int, std: float = 0.3) -> torch.Tensor:
@@ -80,10 +83,10 @@ def word_tokenizer(vocab: int = 16, eos: int | None = None) -> Tokenizer:
 
 def tiny_engine(model: LlamaModel, drafter: Drafter | None = None, k: int = 0, num_blocks: int = 256,
                 block_size: int = 4, budget: int = 256, max_seqs: int = 64, eos: int | None = None,
-                prefix_caching: bool = True) -> LLMEngine:
+                prefix_caching: bool = True, free_out_of_window: bool = True) -> LLMEngine:
     method = "none" if drafter is None else "ngram"
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=512,
-                          cache=CacheConfig(block_size, num_blocks, prefix_caching),
+                          cache=CacheConfig(block_size, num_blocks, prefix_caching, free_out_of_window),
                           speculative=SpeculativeConfig(method=method, num_speculative_tokens=k))
     return LLMEngine(model, word_tokenizer(model.config.vocab_size, eos), config, drafter)
 

@@ -77,17 +77,24 @@ class CacheConfig:
     enable_prefix_caching: keep the full blocks of committed tokens under a hash of their whole
         token prefix and let later requests with the same prefix start from them (vLLM's
         automatic prefix caching; verispec/engine/prefix_cache.py). Output is the same either way.
+    free_out_of_window: with a model whose every layer has a sliding window (Mistral), give the
+        blocks that fell behind every query's window back to the pool (engine/kv_cache.py), so a
+        sequence holds about window + one step's tokens, not its whole length. Output is the
+        same either way; False keeps them (the memory of full attention).
     """
 
     block_size: int = 16
     num_blocks: int = 1024
     enable_prefix_caching: bool = True
+    free_out_of_window: bool = True
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
         _positive_int("num_blocks", self.num_blocks)
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  self.enable_prefix_caching, "True or False")
+        _require(isinstance(self.free_out_of_window, bool), "free_out_of_window",
+                 self.free_out_of_window, "True or False")
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,20 @@ from collections import Counter
 import torch
 
 from verispec.engine.engine import LLMEngine
-from verispec.engine.kv_cache import BlockManager
+from verispec.engine.kv_cache import HOLE, BlockManager
 from verispec.engine.prefix_cache import block_hash
 from verispec.engine.runner import Feed, ModelRunner
 
 
 def check_blocks(blocks: BlockManager) -> None:
     """Reference counts match the block tables, a block held by several sequences is cached,
-    and every block is exactly one of: held, plain free, evictable cached."""
-    held = Counter(b for seq in blocks.seq_ids() for b in blocks.block_table(seq))
+    and every block is exactly one of: held, plain free, evictable cached. Released blocks
+    (sliding windows) are the first entries of a table, and only where the manager has a window."""
+    for seq in blocks.seq_ids():
+        table, holes = blocks.block_table(seq), blocks.num_holes(seq)
+        assert table[:holes] == [HOLE] * holes and HOLE not in table[holes:]
+        assert holes == 0 or blocks.window is not None
+    held = Counter(b for seq in blocks.seq_ids() for b in blocks.block_table(seq) if b != HOLE)
     assert all(blocks.ref_count(b) == held[b] for b in range(blocks.num_blocks))
     free = set(blocks._free)
     assert len(free) == len(blocks._free)

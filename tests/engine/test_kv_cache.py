@@ -2,7 +2,8 @@ import random
 
 import pytest
 
-from verispec.engine.kv_cache import BlockManager
+from verispec.engine.kv_cache import HOLE, BlockManager
+from verispec.engine.prefix_cache import extend_chain, identity_key
 
 
 def check_invariants(bm: BlockManager, lengths: dict) -> None:
@@ -183,3 +184,60 @@ def test_random_speculative_workload_keeps_invariants(seed):
     for seq_id in list(lengths):
         bm.free(seq_id)
     assert bm.num_free_blocks == start_free
+
+
+def test_release_behind_the_window_leaves_holes():
+    # window 6, blocks of 4: once queries sit at 10 or later, keys 0..4 are never read again,
+    # so block 0 (positions 0-3) goes; block 1 (4-7) still holds position 5.
+    bm = BlockManager(8, 4, window=6)
+    bm.allocate("a", 10)
+    assert bm.release_behind("a", 10) == 1
+    assert bm.block_table("a") == [HOLE, 1, 2] and bm.block_table("a", hole=0) == [0, 1, 2]
+    assert (bm.num_holes("a"), bm.num_free_blocks, bm.num_tokens("a")) == (1, 6, 10)
+    assert bm.release_behind("a", 10) == 0  # idempotent
+    assert bm.slot_mapping("a", 4, 6) == [4, 5]
+    with pytest.raises(ValueError):
+        bm.slot_mapping("a", 3, 5)  # reads a released block
+    with pytest.raises(ValueError):
+        bm.truncate("a", 7)  # would cut into the released block
+    with pytest.raises(ValueError):
+        bm.release_behind("a", 11)  # past its length
+    bm.append("a", 3)  # positions 10..12: one more block, the hole still counts as a table entry
+    assert bm.block_table("a") == [HOLE, 1, 2, 0]  # block 0 was free again
+    assert bm.release_behind("a", 13) == 1 and bm.block_table("a") == [HOLE, HOLE, 2, 0]
+    bm.free("a")
+    assert bm.num_free_blocks == 8 and sorted(bm._free) == list(range(8))
+    # Without a window nothing is released.
+    plain = BlockManager(8, 4)
+    plain.allocate("a", 30)
+    assert plain.release_behind("a", 30) == 0 and HOLE not in plain.block_table("a")
+
+
+def test_window_with_prefix_caching():
+    """A released published block stays cached; a hit maps its blocks behind the window as
+    holes; a block released before publication breaks the chain, and later blocks are not
+    published."""
+    root = identity_key("window-test")
+    bm = BlockManager(8, 2, prefix_root=root, window=3)
+    tokens = list(range(7))
+    hashes = extend_chain([], root, tokens, 2, 6)
+    bm.allocate("a", 6)
+    bm.publish("a", hashes, tokens)
+    assert bm.release_behind("a", 6) == 2  # keys 0..3 are behind position 6's window
+    assert bm.prefix.num_evictable == 2 and bm.prefix.num_cached == 3
+    hit = bm.cached_prefix(hashes, tokens)
+    assert hit == [HOLE, HOLE, 2]  # a query at 6 reads 4 and 5 only
+    assert bm.blocks_taken(hit) == 0 and bm.can_allocate("b", 1, hit)
+    bm.allocate("b", 1, cached=hit)
+    assert bm.num_holes("b") == 2 and bm.ref_count(2) == 2 and bm.prefix.num_evictable == 2
+    with pytest.raises(ValueError):
+        bm.allocate("c", 0, cached=[2, HOLE])  # holes only come first
+    bm.free("a")
+    bm.free("b")
+    assert bm.num_free_blocks == 8
+    # Released before publication: plain free, and the chain after it is never published.
+    fresh = BlockManager(8, 2, prefix_root=root, window=3)
+    fresh.allocate("a", 6)
+    fresh.release_behind("a", 6)
+    fresh.publish("a", hashes, tokens)
+    assert fresh.prefix.num_cached == 0 and fresh.num_free_blocks == 7

@@ -4,9 +4,10 @@ Random parameters (greedy, seeded and unseeded sampling, CFG with negative promp
 shorter than the token budget, stop strings and stop ids, max_tokens 1..64, per-request K),
 requests arriving while others run, random aborts, KV caches small enough to force preemption,
 token budgets from 8 to 512, with and without an n-gram drafter, with prefix caching (prompts
-and negative prompts often share a prefix) and without. After every step the prefix verifier
-checks the block accounting (reference counts, nothing free while held) and every cached block's
-keys and values against its hash. At the end every block is free or cached, every request
+and negative prompts often share a prefix) and without, on models with a sliding window whose
+blocks behind it are released. After every step the prefix verifier checks the block accounting
+(reference counts, nothing free while held) and every cached block's keys and values against
+its hash. At the end every block is free or cached, every request
 finished exactly once (or was aborted) with a reason, and every seeded sampled request gives the
 tokens it gives alone in a fresh engine (no cache hits there: batch invariance across hits and
 misses).
@@ -39,6 +40,7 @@ class Setup:
     k: int  # 0: no drafter
     max_seqs: int = 8
     prefix_caching: bool = True
+    window: int | None = None  # a model whose every layer slides, blocks behind it released
 
     def engine(self, model) -> LLMEngine:
         drafter = NgramDrafter(1, 3, self.k) if self.k else None
@@ -48,7 +50,8 @@ class Setup:
 
 
 SETUPS = [Setup(8, 40, 4), Setup(13, 30, 3), Setup(24, 48, 0), Setup(64, 36, 5, max_seqs=16), Setup(512, 120, 4, max_seqs=32),
-          Setup(13, 30, 3, prefix_caching=False), Setup(64, 36, 5, max_seqs=16, prefix_caching=False)]
+          Setup(13, 30, 3, prefix_caching=False), Setup(64, 36, 5, max_seqs=16, prefix_caching=False),
+          Setup(13, 24, 3, window=5), Setup(64, 40, 5, max_seqs=16, window=9)]
 
 
 def random_request(rng: random.Random, k: int) -> tuple[list[int], SamplingParams, int | None]:
@@ -129,9 +132,9 @@ def soak(model, setup: Setup, rng: random.Random, num_requests: int):
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=lambda s: f"budget{s.budget}-blocks{s.num_blocks}-k{s.k}"
-                         + ("" if s.prefix_caching else "-nocache"))
+                         + ("" if s.prefix_caching else "-nocache") + (f"-window{s.window}" if s.window else ""))
 def test_soak(setup: Setup) -> None:
-    model = tiny_model(seed=0, scale=2.0, eos=(VOCAB - 1,))
+    model = tiny_model(seed=0, scale=2.0, eos=(VOCAB - 1,), window=setup.window)
     rng = random.Random(setup.budget)
     submitted, finished = soak(model, setup, rng, num_requests=60)
     reasons = {o.finish_reason for o in finished.values()}

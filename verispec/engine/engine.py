@@ -155,7 +155,9 @@ class LLMEngine:
         # quantized: a block's keys and values are a function of these and the token prefix alone.
         root = identity_key("target", type(model).__name__, model.config, model.dtype, model.quantized) \
             if config.cache.enable_prefix_caching else None
-        self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root)
+        window = model.config.cache_window if config.cache.free_out_of_window else None
+        self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root,
+                                   window=window)
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
                                    lambda r: drafter.restorable_prefix(r.request_id, r.all_token_ids()))
         self.runner = ModelRunner(model, self.blocks)

@@ -28,6 +28,20 @@ with them), sharing them read-only: a cached block is full, and a sequence only 
 or after its computed length. A cached block that no sequence holds counts as free but keeps its
 content until a fresh block is needed and no plain free block is left; then the least recently
 released one is evicted.
+
+Sliding windows (a manager given `window`: every layer of its model slides, ModelConfig.
+cache_window): a query at position p reads keys at positions > p - window only. Once a
+sequence's queries all sit at or after position c (its computed length: fed tokens and accepted
+drafts; drafts and rollbacks only ever come after it), `release_behind(seq_id, c)` frees every
+block whose slots all lie at or before c - window. Its table entry becomes a *hole* (`HOLE`):
+the table keeps its length, so positions, appends and truncations count as before, and the
+runner reads a hole as block 0, under a mask (model/attention.py masks those keys, and a
+masked key's weight is exactly 0, so the output is bit for bit that of a table without holes).
+Holes are always a table's first entries. A released block that was published stays cached
+(evictable, like any cached block no sequence holds); one released before publication is plain
+free, and the sequence's later blocks are then published only where an equal prefix is cached
+elsewhere (the index keeps whole chains). `cached_prefix` maps a hit's blocks behind the
+window of its first new query as holes, so an admission holds only the window's blocks.
 """
 
 from __future__ import annotations
@@ -35,6 +49,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from .prefix_cache import PrefixIndex
+
+HOLE = -1  # a block table entry whose block was released (sliding windows, module docstring)
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -47,17 +63,22 @@ class BlockManager:
     """Owns the free-block pool and the block table and length of every sequence.
 
     prefix_root: the identity key of prefix caching (prefix_cache.identity_key), None to turn
-    it off."""
+    it off. window: every query reads only the keys of the last `window` positions up to its
+    own (module docstring: sliding windows); None: all of them, nothing is released early."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None,
+                 window: int | None = None) -> None:
         self.num_blocks = _check_count("num_blocks", num_blocks, 1)
         self.block_size = _check_count("block_size", block_size, 1)
+        self.window = None if window is None else _check_count("window", window, 1)
         # Reversed so that pop() hands out the lowest indices first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refs = [0] * num_blocks
         self._tables: dict[Hashable, list[int]] = {}
         self._lengths: dict[Hashable, int] = {}
         self._published: dict[Hashable, int] = {}  # per sequence, its first blocks already offered to the index
+        self._holes: dict[Hashable, int] = {}  # per sequence, its first blocks released (HOLE)
+        self._horizon: dict[Hashable, int] = {}  # per sequence, where its queries sit from now on
         self.prefix = PrefixIndex(prefix_root) if prefix_root is not None else None
 
     @property
@@ -85,9 +106,17 @@ class BlockManager:
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._length(seq_id)
 
-    def block_table(self, seq_id: Hashable) -> list[int]:
+    def block_table(self, seq_id: Hashable, hole: int = HOLE) -> list[int]:
+        """The sequence's blocks in position order, `hole` where one was released."""
         self._length(seq_id)
-        return list(self._tables[seq_id])
+        table = self._tables[seq_id]
+        holes = self._holes[seq_id]
+        return [hole] * holes + table[holes:] if holes and hole != HOLE else list(table)
+
+    def num_holes(self, seq_id: Hashable) -> int:
+        """How many of the sequence's first blocks were released (sliding windows)."""
+        self._length(seq_id)
+        return self._holes[seq_id]
 
     def ref_count(self, block: int) -> int:
         """How many sequences hold `block`."""
@@ -96,13 +125,24 @@ class BlockManager:
     def cached_prefix(self, hashes: Sequence[bytes], token_ids: Sequence[int], root: bytes | None = None) -> list[int]:
         """The cached blocks of the longest cached prefix of `token_ids`, whose full blocks'
         chain from `root` (None: the identity key) is `hashes` (prefix_cache.extend_chain); []
-        without prefix caching."""
-        return self.prefix.lookup(hashes, token_ids, self.block_size, root) if self.prefix is not None else []
+        without prefix caching. With a window, the blocks that no query after the prefix reads
+        are HOLEs."""
+        if self.prefix is None:
+            return []
+        found = self.prefix.lookup(hashes, token_ids, self.block_size, root)
+        behind = self._behind(len(found) * self.block_size)
+        return [HOLE] * min(behind, len(found)) + found[behind:]
+
+    def _behind(self, position: int) -> int:
+        """How many first blocks no query at `position` or later reads (0 without a window)."""
+        if self.window is None:
+            return 0
+        return max(0, position - self.window + 1) // self.block_size
 
     def blocks_taken(self, cached: Sequence[int]) -> int:
         """How many free blocks mapping `cached` (cached_prefix's blocks) would use up: the
         evictable ones among them."""
-        return sum(1 for b in set(cached) if self._refs[b] == 0)
+        return sum(1 for b in set(cached) if b != HOLE and self._refs[b] == 0)
 
     def can_allocate(self, seq_id: Hashable, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """False if ``seq_id`` already exists or the pool lacks the blocks for ``num_tokens``
@@ -118,19 +158,23 @@ class BlockManager:
         _check_count("num_tokens", num_tokens, 0)
         if seq_id in self._lengths:
             raise ValueError(f"seq_id={seq_id!r} is already allocated")
-        if any(self.prefix is None or not self.prefix.is_cached(b) for b in cached):
-            raise ValueError(f"cached={list(cached)!r} for seq_id={seq_id!r}: expected cached blocks")
+        holes = next((i for i, b in enumerate(cached) if b != HOLE), len(cached))
+        if any(self.prefix is None or not self.prefix.is_cached(b) for b in cached[holes:]):
+            raise ValueError(f"cached={list(cached)!r} for seq_id={seq_id!r}: expected cached blocks "
+                             "after the holes")
         needed = self.blocks_for(num_tokens)
         if needed + self.blocks_taken(cached) > self.num_free_blocks:
             raise RuntimeError(
                 f"cannot allocate seq_id={seq_id!r}: {num_tokens} tokens need {needed} blocks, "
                 f"{self.num_free_blocks - self.blocks_taken(cached)} free"
             )
-        for block in cached:
+        for block in cached[holes:]:
             self._hold(block)
         self._tables[seq_id] = list(cached) + [self._take() for _ in range(needed)]
         self._lengths[seq_id] = len(cached) * self.block_size + num_tokens
         self._published[seq_id] = len(cached)
+        self._holes[seq_id] = holes
+        self._horizon[seq_id] = len(cached) * self.block_size if holes else 0
 
     def can_append(self, seq_id: Hashable, n: int) -> bool:
         """Whether ``seq_id`` can grow by ``n`` slots; raises ValueError for an unknown id."""
@@ -163,6 +207,9 @@ class BlockManager:
             )
         table = self._tables[seq_id]
         keep = self.blocks_for(length - n)
+        if length - n < self._horizon[seq_id]:
+            raise ValueError(f"cannot truncate seq_id={seq_id!r} to {length - n} tokens: blocks behind "
+                             f"the window of position {self._horizon[seq_id]} were released")
         # Freed last-first so the stack hands them back in their original order.
         while len(table) > keep:
             self._drop(table.pop())
@@ -176,10 +223,31 @@ class BlockManager:
             return
         del self._lengths[seq_id]
         del self._published[seq_id]
+        holes = self._holes.pop(seq_id)
+        del self._horizon[seq_id]
         # Last block first: the free stack hands them back in order, and a chain's deeper
         # cached blocks are evicted before the prefix they extend.
-        for block in reversed(table):
+        for block in reversed(table[holes:]):
             self._drop(block)
+
+    def release_behind(self, seq_id: Hashable, position: int) -> int:
+        """The sequence's queries all sit at `position` or later from now on: releases its
+        blocks that no such query reads (module docstring: sliding windows); returns how many.
+        A no-op without a window."""
+        length = self._length(seq_id)
+        if not isinstance(position, int) or not 0 <= position <= length:
+            raise ValueError(f"position={position!r} for seq_id={seq_id!r}: expected 0 <= position "
+                             f"<= {length} (its length)")
+        if self.window is None:
+            return 0
+        table = self._tables[seq_id]
+        start, end = self._holes[seq_id], self._behind(position)
+        for i in range(start, end):
+            self._drop(table[i])
+            table[i] = HOLE
+        self._holes[seq_id] = max(start, end)
+        self._horizon[seq_id] = max(self._horizon[seq_id], position)
+        return max(0, end - start)
 
     def publish(self, seq_id: Hashable, hashes: Sequence[bytes], token_ids: Sequence[int],
                 root: bytes | None = None) -> None:
@@ -195,7 +263,7 @@ class BlockManager:
                              "expected only full blocks")
         table, bs = self._tables[seq_id], self.block_size
         root = self.prefix.root if root is None else root
-        for i in range(self._published[seq_id], len(hashes)):
+        for i in range(max(self._published[seq_id], self._holes[seq_id]), len(hashes)):
             self.prefix.register(table[i], hashes[i], hashes[i - 1] if i else root, token_ids[i * bs : (i + 1) * bs],
                                  first=i == 0)
         self._published[seq_id] = max(self._published[seq_id], len(hashes))
@@ -209,6 +277,9 @@ class BlockManager:
                 f"expected 0 <= start <= end <= {length} (its length)"
             )
         table, bs = self._tables[seq_id], self.block_size
+        if start < end and start // bs < self._holes[seq_id]:
+            raise ValueError(f"start={start} for seq_id={seq_id!r}: its first {self._holes[seq_id]} "
+                             f"blocks were released")
         return [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
 
     def _take(self) -> int:

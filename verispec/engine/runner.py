@@ -109,10 +109,10 @@ class ModelRunner:
 
     def _slots(self, seq_id: str, positions: Sequence[int]) -> list[int]:
         table, size = self.blocks.block_table(seq_id), self.blocks.block_size
-        length = self.blocks.num_tokens(seq_id)
-        if any(not 0 <= p < length for p in positions):
+        length, first = self.blocks.num_tokens(seq_id), self.blocks.num_holes(seq_id) * size
+        if any(not first <= p < length for p in positions):
             raise ValueError(f"positions {list(positions)!r} of seq_id={seq_id!r}: expected "
-                             f"positions in [0, {length})")
+                             f"positions in [{first}, {length})")
         return [table[p // size] * size + p % size for p in positions]
 
     def inputs(self, feeds: Sequence[Feed]) -> StepInputs:
@@ -133,7 +133,9 @@ class ModelRunner:
             logits_rows.extend(range(starts[-1] + n - feed.num_logits, starts[-1] + n))
             starts.append(starts[-1] + n)
             seq_lens.append(end)
-            tables.append(self.blocks.block_table(feed.seq_id))
+            # Released blocks (sliding windows) are read as block 0 under the window's mask,
+            # as the padding of shorter tables is.
+            tables.append(self.blocks.block_table(feed.seq_id, hole=0))
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
 

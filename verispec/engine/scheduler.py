@@ -15,6 +15,9 @@ longest cached prefix and computes the rest; its last token is never taken from 
 since its row must be fed to give logits (vLLM does the same). Full blocks of committed tokens
 are published after every step, and before a request's blocks are freed (finished or
 preempted), so a preempted request usually finds its own prefix again.
+With a sliding-window cache (BlockManager.window), each commit then releases the blocks behind
+the window of the sequence's next query, so a sequence holds about its window plus one step's
+tokens, and a request is refused only when that does not fit the cache.
 A prompt longer than the remaining budget is prefilled in chunks. A chunk never completes a
 sequence unless the request samples in that step, so the row of its last pending token is
 always fed together with its drafts. A CFG request's two sequences move as one unit: their
@@ -212,6 +215,8 @@ class Scheduler:
             seq.num_computed += fed + num_accepted
             self.blocks.truncate(seq.seq_id, planned.num_draft_slots - num_accepted)
             self._publish(planned.request, seq)
+            # After publication, so that a released block stays cached when it can.
+            self.blocks.release_behind(seq.seq_id, seq.num_computed)
 
     def _publish(self, request: Request, seq: Sequence) -> None:
         """Offers the sequence's full blocks of committed tokens to the prefix cache. Accepted
@@ -294,11 +299,25 @@ class Scheduler:
         # A sampling step holds prefix + emitted + K slots per sequence, and K <= remaining - 1,
         # so never more than prefix + max_tokens - 1.
         tokens = [len(s.prefix_token_ids) + request.max_tokens - 1 for s in request.seqs]
-        needed = sum(self.blocks.blocks_for(t) for t in tokens)
+        needed = self._most_blocks(tokens)
         if needed > self.blocks.num_blocks:
             return (f"the request needs {needed} KV-cache blocks ({' + '.join(map(str, tokens))} tokens "
                     f"at {self.blocks.block_size} per block) but the cache has {self.blocks.num_blocks}")
         return None
+
+    def _most_blocks(self, num_tokens: list[int]) -> int:
+        """The most blocks a request whose sequences grow to `num_tokens` slots holds at once.
+        With a window, sequence i holds in a step the blocks of the window - 1 keys behind its
+        first query and of the s_i slots it feeds (drafts included), at most
+        ceil((window - 1 + s_i + block_size - 1) / block_size) however they are aligned, and
+        the s_i add up to at most max_num_batched_tokens."""
+        full = sum(self.blocks.blocks_for(t) for t in num_tokens)
+        if self.blocks.window is None:
+            return full
+        size = self.blocks.block_size
+        fed = min(sum(num_tokens), self.config.max_num_batched_tokens)
+        # sum_i ceil(x_i / size) <= (sum_i x_i + n (size - 1)) // size
+        return min(full, (len(num_tokens) * (self.blocks.window + 2 * size - 3) + fed) // size)
 
     def _free(self, request: Request) -> None:
         """Publishes the request's committed full blocks, then releases all its blocks."""

@@ -213,6 +213,14 @@ class ModelConfig:
             return None
         return self.sliding_window
 
+    @property
+    def cache_window(self) -> int | None:
+        """How far back any layer still reads: when every layer slides, the keys at positions
+        <= p - sliding_window are never read again once every query sits at p or later (the
+        engine frees their blocks); None when some layer attends everything."""
+        windows = {self.window_of(layer) for layer in range(self.num_layers)}
+        return None if None in windows else self.sliding_window
+
     def rope_of(self, layer: int) -> tuple[float, RopeScaling | None]:
         """(theta, scaling) of layer `layer`'s rotary embeddings."""
         if self.local_rope_theta is not None and self.window_of(layer) is not None:

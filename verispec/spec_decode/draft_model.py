@@ -45,7 +45,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, model: LlamaModel, num_blocks: int = 1024, block_size: int = 16,
                  cost: DraftCost = DraftCost()) -> None:
         self.model = model
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.blocks = BlockManager(num_blocks, block_size, window=model.config.cache_window)
         self.runner = ModelRunner(model, self.blocks)
         self.cost = cost
         self._cached: dict[str, list[int]] = {}
@@ -107,6 +107,9 @@ class DraftModelDrafter(Drafter):
         while keep < limit and cached[keep] == tokens[keep]:
             keep += 1
         self.blocks.truncate(rid, len(cached) - keep)
+        # Later calls keep at least this prefix (the request's tokens only grow), so what lies
+        # behind the window of position `keep` is never read again.
+        self.blocks.release_behind(rid, keep)
         del cached[keep:]
         needed = len(tokens) - keep + request.num_draft_tokens - 1
         if request.batch_invariant:
