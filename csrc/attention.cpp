@@ -31,9 +31,10 @@ void add_scaled(float* acc, const float* v, float weight, int64_t dim) {
 
 torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& kv_cache,
                                    const torch::Tensor& block_tables, const torch::Tensor& row_seq,
+                                   const torch::Tensor& row_first,
                                    const torch::Tensor& row_visible,
                                    const torch::Tensor& row_tree_start,
-                                   const torch::Tensor& tree_mask, double scale) {
+                                   const torch::Tensor& tree_mask, double scale, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be [R, Hq, D] float32");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.scalar_type() == torch::kFloat32 &&
                   kv_cache.is_contiguous(),
@@ -45,6 +46,7 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   TORCH_CHECK(kv_cache.size(4) == dim && heads % kv_heads == 0, "q and kv_cache heads differ");
   const torch::Tensor tables = block_tables.contiguous(), seqs = row_seq.contiguous();
   const torch::Tensor visible = row_visible.contiguous(), tree_start = row_tree_start.contiguous();
+  const torch::Tensor first = row_first.contiguous();
   const torch::Tensor mask = tree_mask.to(torch::kBool).contiguous();
   const int64_t max_new = mask.size(1), table_width = tables.size(1);
   auto out = torch::empty({rows, heads * dim}, qc.options());
@@ -55,11 +57,13 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* sp = seqs.data_ptr<int64_t>();
   const int64_t* vp = visible.data_ptr<int64_t>();
+  const int64_t* fp = first.data_ptr<int64_t>();
   const int64_t* tsp = tree_start.data_ptr<int64_t>();
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   const int64_t group = heads / kv_heads;
   const float fscale = static_cast<float>(scale);
+  const float cap = static_cast<float>(softcap);
 
   at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> slots;
@@ -69,12 +73,13 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
       const int64_t r = i / heads, h = i % heads, kvh = h / group;
       const int64_t* table = tp + sp[r] * table_width;
       slots.clear();
-      for (int64_t p = 0; p < vp[r]; ++p) {
+      for (int64_t p = fp[r]; p < vp[r]; ++p) {
         slots.push_back(table[p / block_size] * block_size + p % block_size);
       }
       for (int64_t j = 0; j < max_new; ++j) {
         if (mp[r * max_new + j]) {
           const int64_t p = tsp[r] + j;
+          if (p < fp[r]) continue;
           slots.push_back(table[p / block_size] * block_size + p % block_size);
         }
       }
@@ -83,6 +88,7 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
       float best = -std::numeric_limits<float>::infinity();
       for (size_t k = 0; k < slots.size(); ++k) {
         scores[k] = dot(query, keys + (slots[k] * kv_heads + kvh) * dim, dim) * fscale;
+        if (cap > 0.0f) scores[k] = std::tanh(scores[k] / cap) * cap;
         best = std::fmax(best, scores[k]);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);

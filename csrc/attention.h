@@ -9,14 +9,17 @@ namespace verispec {
 
 // q [R, Hq, D] float32; kv_cache [2, blocks, block_size, Hkv, D] float32;
 // block_tables [B, max_blocks] int64; row_seq [R] int64 (row -> block table row);
-// row_visible [R] int64 (positions 0 .. row_visible - 1 are attended);
+// row_first [R] int64 and row_visible [R] int64 (positions row_first .. row_visible - 1 are
+// attended; row_first > 0 under a sliding window);
 // row_tree_start [R] int64 and tree_mask [R, max_new] bool: positions row_tree_start + j with
-// tree_mask[r, j] are attended too (tree rows; tree_mask may have 0 columns).
+// tree_mask[r, j], if at or after row_first, are attended too (tree rows; tree_mask may have
+// 0 columns). Scores are q . k * scale, then softcap * tanh(score / softcap) when softcap > 0.
 // Returns [R, Hq * D].
 torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& kv_cache,
                                    const torch::Tensor& block_tables, const torch::Tensor& row_seq,
+                                   const torch::Tensor& row_first,
                                    const torch::Tensor& row_visible,
                                    const torch::Tensor& row_tree_start,
-                                   const torch::Tensor& tree_mask, double scale);
+                                   const torch::Tensor& tree_mask, double scale, double softcap);
 
 }  // namespace verispec

@@ -149,8 +149,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("quantize_activations", &verispec::quantize_activations, py::arg("x"));
   module.def("paged_attention_rows", &verispec::paged_attention_rows, py::arg("q"),
              py::arg("kv_cache"), py::arg("block_tables"), py::arg("row_seq"),
-             py::arg("row_visible"), py::arg("row_tree_start"), py::arg("tree_mask"),
-             py::arg("scale"));
+             py::arg("row_first"), py::arg("row_visible"), py::arg("row_tree_start"),
+             py::arg("tree_mask"), py::arg("scale"), py::arg("softcap"));
   module.def("qlinear", &verispec::qlinear, py::arg("x"), py::arg("w"), py::arg("d"),
              py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("isa"));
 }

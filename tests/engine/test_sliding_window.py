@@ -14,6 +14,7 @@ from verispec.engine.engine import LLMEngine
 from verispec.spec_decode.draft_model import DraftModelDrafter
 from verispec.spec_decode.eagle import EagleDrafter
 from verispec.spec_decode.heads import HeadConfig, new_head
+from verispec.model.quant.kernels import compiled_kernels
 from verispec.spec_decode.ngram import NgramDrafter
 
 from ..tiny import tiny_engine, tiny_model, word_tokenizer
@@ -155,3 +156,24 @@ def test_only_all_sliding_models_release() -> None:
     assert config.cache_window is None
     e = tiny_engine(model, block_size=BLOCK, free_out_of_window=False)
     assert e.blocks.window is None and tiny_engine(model, block_size=BLOCK).blocks.window == WINDOW
+
+
+def test_quantized_rows_under_a_window() -> None:
+    """int8 weights attend row by row (window included) over a cache that is not zero-filled:
+    greedy speculative output with blocks released equals plain output with blocks kept, token
+    for token (the kernel never reads a released block, and its rows do not depend on the batch)."""
+    model = tiny_model(seed=0, scale=2.0, window=WINDOW, quantization=(8, 32))
+    assert model.rowwise_attention or compiled_kernels() is None
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [[1, 2, 3] * 4, [5, 3, 2, 7, 1, 4, 4, 2, 9, 11]]
+    outputs = []
+    for drafter, free, num_blocks in ((None, False, 256), (NgramDrafter(1, 3, 3), True, 12)):
+        e = tiny_engine(model, drafter, k=3 if drafter else 0, num_blocks=num_blocks, block_size=BLOCK,
+                        budget=16, free_out_of_window=free)
+        ids = [e.add_request(p, params) for p in prompts]
+        done = {}
+        while e.has_unfinished():
+            done.update({o.request_id: o for o in e.step() if o.finished})
+        outputs.append([done[i].token_ids for i in ids])
+        accepted = sum(done[i].stats.num_accepted_tokens for i in ids)
+    assert outputs[0] == outputs[1] and accepted > 0

@@ -1,5 +1,7 @@
 """The compiled row-by-row paged attention (quantized models) against the SDPA paths, on chains,
-trees, decode steps and prefill chunks in one batch; and its rows independent of the batch."""
+trees, decode steps and prefill chunks in one batch, plain and with a sliding window, a score
+scale and a soft cap (Gemma 2); its rows independent of the batch; and under a window it never
+reads the blocks behind it (the engine releases them)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ pytestmark = pytest.mark.skipif(compiled_kernels() is None, reason="compiled ker
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
 
 
-def _attend(attn: AttentionMetadata, q, kv, cache, rowwise: bool) -> torch.Tensor:
-    return paged_attention(q, kv, cache.clone(), AttentionPlan(attn, BLOCK, rowwise=rowwise))
+def _attend(attn: AttentionMetadata, q, kv, cache, rowwise: bool, window=None, **options) -> torch.Tensor:
+    return paged_attention(q, kv, cache.clone(), AttentionPlan(attn, BLOCK, rowwise=rowwise, window=window),
+                           **options)
 
 
 def _batch(query_lens, seq_lens, trees=None):
@@ -55,3 +58,40 @@ def test_rowwise_rows_do_not_depend_on_the_batch() -> None:
         out = paged_attention(q[i:i + 1], kv[i:i + 1], written.clone(),
                               AttentionPlan(alone, BLOCK, rowwise=True))
         assert torch.equal(out[0], verify[i])
+
+
+GEMMA2 = dict(window=7, scale=0.3, softcap=5.0)
+
+
+@pytest.mark.parametrize("options", [dict(window=7), GEMMA2], ids=["window", "window-scale-softcap"])
+def test_rowwise_equals_sdpa_with_window_and_softcap(options) -> None:
+    query_lens, seq_lens = [1, 5, 6, 20, 9], [13, 30, 11, 40, 9]
+    trees = [None, None, [-1, 0, 0, 1, 1, 2], None, None]
+    attn, q, kv, cache = _batch(query_lens, seq_lens, trees)
+    ours = _attend(attn, q, kv, cache, True, **options)
+    torch.testing.assert_close(ours, _attend(attn, q, kv, cache, False, **options), atol=2e-5, rtol=1e-5)
+    # The window and the cap change the result: neither is ignored.
+    assert not torch.allclose(ours, _attend(attn, q, kv, cache, True), atol=1e-3)
+    if "softcap" in options:
+        without = dict(options, softcap=None)
+        assert not torch.allclose(ours, _attend(attn, q, kv, cache, True, **without), atol=1e-3)
+
+
+def test_rowwise_window_rows_do_not_depend_on_the_batch_nor_on_released_blocks() -> None:
+    """Verify rows equal decode rows bit for bit under a window and a soft cap, also when the
+    blocks behind every row's window are replaced by one full of NaN (a released block)."""
+    attn, q, kv, cache = _batch([5], [30])
+    verify = _attend(attn, q, kv, cache, True, **GEMMA2)
+    written = cache.clone()
+    paged_attention(q, kv, written, AttentionPlan(attn, BLOCK, rowwise=True, window=7))
+    written[:, -1] = float("nan")  # the spare block at the end of the cache
+    table = attn.block_tables[0].tolist()
+    # The first query sits at 25: keys <= 18 are outside every row's window, blocks 0-3 wholly.
+    released = [written.shape[1] - 1] * 4 + table[4:]
+    for i in range(5):
+        for blocks in (table, released):
+            alone = AttentionMetadata.build([1], [26 + i], [blocks], BLOCK)
+            out = paged_attention(q[i:i + 1], kv[i:i + 1], written.clone(),
+                                  AttentionPlan(alone, BLOCK, rowwise=True, window=7),
+                                  scale=0.3, softcap=5.0)
+            assert torch.equal(out[0], verify[i])

@@ -27,15 +27,20 @@ How a batch is attended (decided once per forward by AttentionPlan, shared by al
   than the call costs. A chunk with no cached context attends to its own keys directly.
 
 Sliding-window layers (ModelConfig.sliding_window) get their own plan, whose masks also hide
-keys at positions <= p - window from a query at (rotary) position p; the blocks stay allocated.
-Scores may be scaled by other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma
-2); SDPA has no soft cap, so capped attention runs as explicit products and a softmax.
+keys at positions <= p - window from a query at (rotary) position p. When every layer slides,
+the engine releases the blocks behind every query's window (engine/kv_cache.py); their block
+table entries then point at block 0, whose keys the masks hide (a masked key's weight is
+exactly 0, so results are bit for bit those with the blocks kept). Scores may be scaled by
+other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma 2); SDPA has no soft
+cap, so capped attention runs as explicit products and a softmax.
 
 With `rowwise` (quantized models, whose int8 activations magnify any difference), every
 sequence is attended by the compiled row-by-row kernel instead (verispec.cpu_kernels, csrc/attention.h):
 each (row, head) on its own straight from the paged cache, so a row's result depends neither on
 the batch nor on how a prompt was chunked or drafts were fed with it (greedy speculative output
-then equals plain output token for token). Without the compiled kernels the SDPA paths run.
+then equals plain output token for token). It reads only the positions a row attends (from
+the first one inside its window), so it never reads a released block, and soft-caps scores
+itself. Without the compiled kernels the SDPA paths run.
 
 On a CPU without bf16 arithmetic, a bf16 padded group of one query per sequence (decode steps) is
 attended in float32: torch's CPU flash kernel runs it 1.3x (1 sequence) to 4x (16-64 sequences)
@@ -199,7 +204,8 @@ class _Rows:
     rows: torch.Tensor | None  # [R] int64 their new-token rows; None: all T rows, in order
     block_tables: torch.Tensor  # [B, max_blocks] int64
     row_seq: torch.Tensor  # [R] int64 row -> its block table row
-    row_visible: torch.Tensor  # [R] int64 positions 0 .. row_visible - 1 attended
+    row_first: torch.Tensor  # [R] int64 first position attended (> 0 under a sliding window)
+    row_visible: torch.Tensor  # [R] int64 positions row_first .. row_visible - 1 attended
     row_tree_start: torch.Tensor  # [R] int64 first new position of a tree row's sequence
     tree_mask: torch.Tensor  # [R, max_new] bool new positions a tree row attends (0 columns: none)
 
@@ -224,11 +230,7 @@ class AttentionPlan:
                  widen_decode: bool = False, rowwise: bool = False,
                  window: int | None = None) -> None:
         """widen_decode: attend a decode-only padded group in float32; rowwise: attend the short
-        sequences row by row; window: a sliding window (module docstring), which the row-by-row
-        kernel does not implement."""
-        if rowwise and window is not None:
-            raise ValueError(f"window={window!r} with rowwise=True: the row-by-row kernel "
-                             "attends whole sequences only")
+        sequences row by row; window: a sliding window (module docstring)."""
         device = attn.slot_mapping.device
         query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
         starts = [0]
@@ -249,25 +251,29 @@ class AttentionPlan:
                 mask &= window_mask(new_positions(s - n, n, parents), s, window, device)
             blocks = None if n == s else attn.block_tables[b, : -(-s // block_size)]
             self.singles.append(_Single(starts[b], starts[b + 1], s, blocks, mask))
-        self.rows = self._plan_rows(attn, short, starts) if short and rowwise else None
+        self.rows = self._plan_rows(attn, short, starts, window) if short and rowwise else None
         self.padded = self._plan_padded(attn, short, starts, block_size, window) \
             if short and self.rows is None else None
         self.widen_padded = widen_decode and self.padded is not None \
             and self.padded.max_query_len == 1
 
     @staticmethod
-    def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int]) -> _Rows:
+    def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int],
+                   window: int | None) -> _Rows:
         device = attn.slot_mapping.device
         trees = attn.trees or [None] * len(attn.query_lens_list)
         tree_width = max((attn.query_lens_list[b] for b in seqs if trees[b] is not None),
                          default=0)
-        rows, row_seq, visible, tree_start = [], [], [], []
+        rows, row_seq, first, visible, tree_start = [], [], [], [], []
         masks = []
         for b in seqs:
             n, s = attn.query_lens_list[b], attn.seq_lens_list[b]
             rows.extend(range(starts[b], starts[b] + n))
             row_seq.extend([b] * n)
             tree_start.extend([s - n] * n)
+            # Keys at positions > p - window, as window_mask keeps them.
+            first.extend(0 if window is None else max(0, p - window + 1)
+                         for p in new_positions(s - n, n, trees[b]))
             if trees[b] is None:
                 visible.extend(range(s - n + 1, s + 1))
                 masks.append(torch.zeros(n, tree_width, dtype=torch.bool))
@@ -281,7 +287,7 @@ class AttentionPlan:
 
         everything = len(rows) == len(attn.slot_mapping)
         return _Rows(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
-                     tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
+                     tensor(first), tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
 
     @staticmethod
     def _plan_padded(attn: AttentionMetadata, seqs: list[int], starts: list[int],
@@ -348,8 +354,9 @@ def paged_attention(
         rows = plan.rows
         queries = q if rows.rows is None else q.index_select(0, rows.rows)
         out = compiled_kernels().paged_attention_rows(
-            queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_visible,
-            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5 if scale is None else scale)
+            queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_first, rows.row_visible,
+            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5 if scale is None else scale,
+            0.0 if softcap is None else softcap)
         if rows.rows is None:
             return out
         result = q.new_empty(num_tokens, num_heads * head_dim)

@@ -194,11 +194,9 @@ class LlamaModel(nn.Module):
             raise ValueError(f"quantized weights run with float32 activations on the CPU, not "
                              f"dtype={dtype} on device={str(device)!r}")
         self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
-        # Quantized models attend row by row (verispec.model.attention) where it is compiled
-        # and the kernel implements the attention: no sliding window, no soft cap.
+        # Quantized models attend row by row (verispec.model.attention) where it is compiled.
         self.layer_windows = [config.window_of(i) for i in range(config.num_layers)]
-        self.rowwise_attention = quantized and compiled_kernels() is not None \
-            and set(self.layer_windows) == {None} and config.attn_logit_softcap is None
+        self.rowwise_attention = quantized and compiled_kernels() is not None
         ropes = [config.rope_of(i) for i in range(config.num_layers)]
         self.rotaries = {rope: RotaryEmbedding(config.head_dim, rope[0], dtype, device, rope[1],
                                                config.max_position_embeddings)
