@@ -1,15 +1,19 @@
 #include "attention.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <immintrin.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <vector>
 
 namespace verispec {
 namespace {
 
-// q . k over `dim` floats in a fixed order (eight running sums, then a fixed tree), which the
+// q . k over `dim` values in a fixed order (eight running sums, then a fixed tree), which the
 // compiler vectorizes without reassociating.
 __attribute__((target_clones("avx2", "default")))
 float dot(const float* q, const float* k, int64_t dim) {
@@ -27,6 +31,66 @@ void add_scaled(float* acc, const float* v, float weight, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) acc[d] += weight * v[d];
 }
 
+// The same two operations over a float16 cache: each value widened exactly to float32, then the
+// very operations above in the same order, so every path gives the float32 kernel's result on
+// the widened values. With F16C, eight values are widened per instruction.
+float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+
+__attribute__((target("avx2,f16c")))
+float dot_f16c(const float* q, const uint16_t* k, int64_t dim) {
+  __m256 part = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 kk = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + d)));
+    part = _mm256_add_ps(part, _mm256_mul_ps(_mm256_loadu_ps(q + d), kk));
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, part);
+  for (int j = 0; d < dim; ++d, ++j) lanes[j] += q[d] * half_to_float(k[d]);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+__attribute__((target("avx2,f16c")))
+void add_scaled_f16c(float* acc, const uint16_t* v, float weight, int64_t dim) {
+  const __m256 w = _mm256_set1_ps(weight);
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + d)));
+    _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_loadu_ps(acc + d), _mm256_mul_ps(w, vv)));
+  }
+  for (; d < dim; ++d) acc[d] += weight * half_to_float(v[d]);
+}
+
+float dot_scalar(const float* q, const uint16_t* k, int64_t dim) {
+  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += q[d + j] * half_to_float(k[d + j]);
+  }
+  for (int j = 0; d < dim; ++d, ++j) part[j] += q[d] * half_to_float(k[d]);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+void add_scaled_scalar(float* acc, const uint16_t* v, float weight, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) acc[d] += weight * half_to_float(v[d]);
+}
+
+// VERISPEC_CPU_KERNEL=generic forces the portable path, as it does for the products.
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                          !(std::getenv("VERISPEC_CPU_KERNEL") &&
+                            std::string(std::getenv("VERISPEC_CPU_KERNEL")) == "generic");
+  return yes;
+}
+
+float dot(const float* q, const uint16_t* k, int64_t dim) {
+  return has_f16c() ? dot_f16c(q, k, dim) : dot_scalar(q, k, dim);
+}
+
+void add_scaled(float* acc, const uint16_t* v, float weight, int64_t dim) {
+  has_f16c() ? add_scaled_f16c(acc, v, weight, dim) : add_scaled_scalar(acc, v, weight, dim);
+}
+
 }  // namespace
 
 torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& kv_cache,
@@ -36,9 +100,10 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
                                    const torch::Tensor& row_tree_start,
                                    const torch::Tensor& tree_mask, double scale, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be [R, Hq, D] float32");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.scalar_type() == torch::kFloat32 &&
+  const bool half = kv_cache.scalar_type() == torch::kHalf;
+  TORCH_CHECK(kv_cache.dim() == 5 && (half || kv_cache.scalar_type() == torch::kFloat32) &&
                   kv_cache.is_contiguous(),
-              "kv_cache must be contiguous [2, blocks, block_size, Hkv, D] float32");
+              "kv_cache must be contiguous [2, blocks, block_size, Hkv, D] float32 or float16");
   const torch::Tensor qc = q.contiguous();
   const int64_t rows = qc.size(0), heads = qc.size(1), dim = qc.size(2);
   const int64_t num_blocks = kv_cache.size(1), block_size = kv_cache.size(2);
@@ -52,8 +117,7 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   auto out = torch::empty({rows, heads * dim}, qc.options());
 
   const float* qp = qc.data_ptr<float>();
-  const float* keys = kv_cache.data_ptr<float>();
-  const float* values = keys + num_blocks * block_size * kv_heads * dim;
+  const int64_t values_offset = num_blocks * block_size * kv_heads * dim;  // values after keys
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* sp = seqs.data_ptr<int64_t>();
   const int64_t* vp = visible.data_ptr<int64_t>();
@@ -65,44 +129,52 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   const float fscale = static_cast<float>(scale);
   const float cap = static_cast<float>(softcap);
 
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> slots;
-    std::vector<float> scores;
-    std::vector<float> acc(dim);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = i / heads, h = i % heads, kvh = h / group;
-      const int64_t* table = tp + sp[r] * table_width;
-      slots.clear();
-      for (int64_t p = fp[r]; p < vp[r]; ++p) {
-        slots.push_back(table[p / block_size] * block_size + p % block_size);
-      }
-      for (int64_t j = 0; j < max_new; ++j) {
-        if (mp[r * max_new + j]) {
-          const int64_t p = tsp[r] + j;
-          if (p < fp[r]) continue;
+  auto attend = [&](const auto* keys) {
+    const auto* values = keys + values_offset;
+    at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> slots;
+      std::vector<float> scores;
+      std::vector<float> acc(dim);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = i / heads, h = i % heads, kvh = h / group;
+        const int64_t* table = tp + sp[r] * table_width;
+        slots.clear();
+        for (int64_t p = fp[r]; p < vp[r]; ++p) {
           slots.push_back(table[p / block_size] * block_size + p % block_size);
         }
+        for (int64_t j = 0; j < max_new; ++j) {
+          if (mp[r * max_new + j]) {
+            const int64_t p = tsp[r] + j;
+            if (p < fp[r]) continue;
+            slots.push_back(table[p / block_size] * block_size + p % block_size);
+          }
+        }
+        const float* query = qp + (r * heads + h) * dim;
+        scores.resize(slots.size());
+        float best = -std::numeric_limits<float>::infinity();
+        for (size_t k = 0; k < slots.size(); ++k) {
+          scores[k] = dot(query, keys + (slots[k] * kv_heads + kvh) * dim, dim) * fscale;
+          if (cap > 0.0f) scores[k] = std::tanh(scores[k] / cap) * cap;
+          best = std::fmax(best, scores[k]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float total = 0.0f;
+        for (size_t k = 0; k < slots.size(); ++k) {
+          const float weight = std::exp(scores[k] - best);
+          total += weight;
+          add_scaled(acc.data(), values + (slots[k] * kv_heads + kvh) * dim, weight, dim);
+        }
+        float* dst = op + r * heads * dim + h * dim;
+        const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = acc[d] * inverse;
       }
-      const float* query = qp + (r * heads + h) * dim;
-      scores.resize(slots.size());
-      float best = -std::numeric_limits<float>::infinity();
-      for (size_t k = 0; k < slots.size(); ++k) {
-        scores[k] = dot(query, keys + (slots[k] * kv_heads + kvh) * dim, dim) * fscale;
-        if (cap > 0.0f) scores[k] = std::tanh(scores[k] / cap) * cap;
-        best = std::fmax(best, scores[k]);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float total = 0.0f;
-      for (size_t k = 0; k < slots.size(); ++k) {
-        const float weight = std::exp(scores[k] - best);
-        total += weight;
-        add_scaled(acc.data(), values + (slots[k] * kv_heads + kvh) * dim, weight, dim);
-      }
-      float* dst = op + r * heads * dim + h * dim;
-      const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-      for (int64_t d = 0; d < dim; ++d) dst[d] = acc[d] * inverse;
-    }
-  });
+    });
+  };
+  if (half) {
+    attend(reinterpret_cast<const uint16_t*>(kv_cache.data_ptr<at::Half>()));
+  } else {
+    attend(kv_cache.data_ptr<float>());
+  }
   return out;
 }
 

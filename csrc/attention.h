@@ -7,7 +7,8 @@
 
 namespace verispec {
 
-// q [R, Hq, D] float32; kv_cache [2, blocks, block_size, Hkv, D] float32;
+// q [R, Hq, D] float32; kv_cache [2, blocks, block_size, Hkv, D] float32 or float16 (widened
+// exactly on read);
 // block_tables [B, max_blocks] int64; row_seq [R] int64 (row -> block table row);
 // row_first [R] int64 and row_visible [R] int64 (positions row_first .. row_visible - 1 are
 // attended; row_first > 0 under a sliding window);

@@ -1,9 +1,15 @@
 """The compiled row-by-row paged attention (quantized models) against the SDPA paths, on chains,
 trees, decode steps and prefill chunks in one batch, plain and with a sliding window, a score
 scale and a soft cap (Gemma 2); its rows independent of the batch; and under a window it never
-reads the blocks behind it (the engine releases them)."""
+reads the blocks behind it (the engine releases them). A float16 cache (what quantized models
+keep) gives exactly the float32 result on the widened values, with F16C and on the portable
+path."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -95,3 +101,33 @@ def test_rowwise_window_rows_do_not_depend_on_the_batch_nor_on_released_blocks()
                                   AttentionPlan(alone, BLOCK, rowwise=True, window=7),
                                   scale=0.3, softcap=5.0)
             assert torch.equal(out[0], verify[i])
+
+
+def _half_case():
+    query_lens, seq_lens = [1, 5, 6, 20, 9], [13, 30, 11, 40, 9]
+    attn, q, kv, cache = _batch(query_lens, seq_lens, [None, None, [-1, 0, 0, 1, 1, 2], None, None])
+    return attn, q, kv.half(), cache.half()
+
+
+def test_a_float16_cache_gives_the_float32_result_on_its_values() -> None:
+    attn, q, kv, cache = _half_case()
+    half = _attend(attn, q, kv, cache, True, **GEMMA2)
+    assert torch.equal(half, _attend(attn, q, kv.float(), cache.float(), True, **GEMMA2))
+    assert not torch.equal(half, _attend(attn, q, kv.float() * 1.001, cache.float(), True, **GEMMA2))
+
+
+def test_the_portable_float16_path_equals_the_f16c_one() -> None:
+    """VERISPEC_CPU_KERNEL=generic (read once per process) forces the path without F16C."""
+    script = ("import sys, torch; sys.path.insert(0, '.'); "
+              "from tests.model.test_rowwise_attention import _attend, _half_case, GEMMA2; "
+              "a, q, kv, c = _half_case(); torch.save(_attend(a, q, kv, c, True, **GEMMA2), sys.argv[1])")
+    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rowwise-half-{os.getpid()}.pt")
+    env = dict(os.environ, VERISPEC_CPU_KERNEL="generic")
+    subprocess.run([sys.executable, "-c", script, out], check=True, env=env, timeout=120,
+                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        portable = torch.load(out)
+    finally:
+        os.remove(out)
+    attn, q, kv, cache = _half_case()
+    assert torch.equal(portable, _attend(attn, q, kv, cache, True, **GEMMA2))

@@ -123,7 +123,7 @@ def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks:
 def kv_blocks_for(model: LlamaModel, memory_gib: float, block_size: int) -> int:
     """How many blocks of `block_size` tokens fit in `memory_gib` of KV cache for `model`."""
     cfg = model.config
-    element = torch.finfo(next(model.parameters()).dtype).bits // 8
+    element = torch.finfo(model.kv_dtype).bits // 8
     per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * element
     return max(1, int(memory_gib * 2**30 // (per_token * block_size)))
 

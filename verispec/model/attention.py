@@ -348,7 +348,7 @@ def paged_attention(
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     kv = kv.view(num_tokens, 2, num_kv_heads, head_dim).transpose(0, 1)
     kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim) \
-        .index_copy_(1, plan.slot_mapping, kv)
+        .index_copy_(1, plan.slot_mapping, kv.to(kv_cache.dtype))
 
     if plan.rows is not None:
         rows = plan.rows

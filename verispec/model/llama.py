@@ -194,9 +194,12 @@ class LlamaModel(nn.Module):
             raise ValueError(f"quantized weights run with float32 activations on the CPU, not "
                              f"dtype={dtype} on device={str(device)!r}")
         self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
-        # Quantized models attend row by row (verispec.model.attention) where it is compiled.
+        # Quantized models attend row by row (verispec.model.attention) where it is compiled,
+        # over a float16 KV cache as llama.cpp keeps: half the memory and bytes read per step;
+        # the kernel widens each value exactly, so rows stay batch invariant.
         self.layer_windows = [config.window_of(i) for i in range(config.num_layers)]
         self.rowwise_attention = quantized and compiled_kernels() is not None
+        self.kv_dtype = torch.float16 if self.rowwise_attention else dtype
         ropes = [config.rope_of(i) for i in range(config.num_layers)]
         self.rotaries = {rope: RotaryEmbedding(config.head_dim, rope[0], dtype, device, rope[1],
                                                config.max_position_embeddings)
@@ -281,14 +284,14 @@ class LlamaModel(nn.Module):
 
         Zero-filled where SDPA attends (it masks unwritten slots, but a masked NaN would still
         poison the weighted sum of values). The row-by-row attention of quantized models reads
-        written slots only, so their cache is left unfilled: its memory is taken as it is used,
-        not all at once."""
+        written slots only, so their cache (float16, `kv_dtype`) is left unfilled: its memory is
+        taken as it is used, not all at once."""
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
         shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         make = torch.empty if self.rowwise_attention else torch.zeros
-        return [make(shape, dtype=self.dtype, device=self.device)
+        return [make(shape, dtype=self.kv_dtype, device=self.device)
                 for _ in range(self.config.num_layers)]
 
     def forward(
