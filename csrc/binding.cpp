@@ -100,7 +100,7 @@ std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x) {
   return {xq, xd, xs};
 }
 
-// y [M, N] = x [M, K] times the block-quantized weight (qgemm.h, panels of 8 columns)
+// y [M, N] = x [M, K] times the block-quantized weight (qgemm.h, panels of 16 columns)
 // transposed.
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& d,
                       const c10::optional<torch::Tensor>& m, int64_t bits, int64_t zero_point,
@@ -112,11 +112,11 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torc
   TORCH_CHECK(k % kBlock == 0, "x has ", k, " columns: expected a multiple of 32");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
                   w.numel() == panels * groups * kPanel * kBlock * bits / 8,
-              "w must be contiguous uint8 [ceil(N / 8), K / 32, 32 * bits]");
+              "w must be contiguous uint8 [ceil(N / 16), K / 32, 64 * bits]");
   const bool fp32 = d.scalar_type() == torch::kFloat32;
   TORCH_CHECK((fp32 || d.scalar_type() == torch::kFloat16) && d.is_contiguous() &&
                   d.numel() == panels * groups * kPanel,
-              "d must be contiguous float16 or float32 [ceil(N / 8), K / 32, 8]");
+              "d must be contiguous float16 or float32 [ceil(N / 16), K / 32, 16]");
   if (m) {
     TORCH_CHECK(m->scalar_type() == d.scalar_type() && m->is_contiguous() &&
                     m->numel() == d.numel(),
@@ -129,12 +129,13 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torc
   std::vector<int8_t> xq(rows * k);
   std::vector<float> xd(rows * groups);
   std::vector<float> xm(rows * groups);
-  quantize_into(xc.data_ptr<float>(), rows, k, xq.data(), xd.data(), nullptr, xm.data());
-  QGemmArgs args{rows, n, k, xq.data(), xd.data(), xm.data(), w.data_ptr<uint8_t>(),
+  std::vector<int32_t> xs(rows * groups);
+  quantize_into(xc.data_ptr<float>(), rows, k, xq.data(), xd.data(), xs.data(), xm.data());
+  QGemmArgs args{rows, n, k, xq.data(), xd.data(), xm.data(), xs.data(), w.data_ptr<uint8_t>(),
                  d.data_ptr(), m ? m->data_ptr() : nullptr, static_cast<int>(bits), fp32,
                  static_cast<int>(zero_point), y.data_ptr<float>(), n};
   // Enough panels per task that a task's weights (>= 16 KB) outweigh its start-up.
-  const int64_t grain = std::max<int64_t>(2, (16 << 10) / (kPanel * k * bits / 8));
+  const int64_t grain = std::max<int64_t>(1, (16 << 10) / (kPanel * k * bits / 8));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
   return y;
 }

@@ -5,31 +5,34 @@
 // The activations are quantized per row and block of 32 to int8 (xq, scale xd, block sum xs),
 // so each block's product is an exact integer dot product:
 //   y[r, n] = sum_g d[n,g] * xd[r,g] * dot(q[n,g,:], xq[r,g,:]) + m[n,g] * (xd[r,g] * xs[r,g])
+// (a zero point's m = -zero_point * d is folded into the integers: dot - zero_point * xs).
 // Every row is computed by the same sequence of operations whatever the other rows are, so a
-// row's result is bit-identical at any M.
+// row's result is bit-identical at any M (qgemm_kernel.inc lists the operations).
 //
-// Weights are stored in panels of 8 columns (verispec/model/quant/formats.py, `to_panels`): for
-// panel p and block g, the four bytes q[n, g, 4k .. 4k+3] of its 8 columns n lie side by side,
-// so one 256-bit integer dot product of those 32 bytes with four activation bytes broadcast
-// gives each column's partial sum in its own lane, with no horizontal reduction:
-// - bits 8: chunk k = 0..7 of 32 bytes each (column-major within the chunk);
-// - bits 4: four chunks j = 0..3 of 32 bytes, the low nibbles holding elements 4j .. 4j+3 and the
+// Weights are stored in panels of 16 columns (verispec/model/quant/formats.py, PanelWeight):
+// for panel p and block g, the four bytes q[n, g, 4k .. 4k+3] of its 16 columns n lie side by
+// side, so one 512-bit integer dot product of those 64 bytes with four activation bytes
+// broadcast gives each column's partial sum in its own lane, with no horizontal reduction (a
+// 256-bit one does the same for either half, 8 columns):
+// - bits 8: chunk k = 0..7 of 64 bytes each (column-major within the chunk);
+// - bits 4: four chunks j = 0..3 of 64 bytes, the low nibbles holding elements 4j .. 4j+3 and the
 //   high nibbles elements 16+4j .. 16+4j+3.
-// Scales d and m are [panels, K / 32, 8]; padding columns have q = d = m = 0.
+// Scales d and m are [panels, K / 32, 16]; padding columns have q = d = m = 0.
 #pragma once
 #include <cstdint>
 
 namespace verispec {
 
-constexpr int64_t kPanel = 8;
+constexpr int64_t kPanel = 16;
 
 struct QGemmArgs {
-  int64_t M, N, K;        // K a multiple of 32; N the real columns (panels hold ceil(N / 8) * 8)
+  int64_t M, N, K;        // K a multiple of 32; N the real columns (panels hold ceil(N / 16) * 16)
   const int8_t* xq;       // [M, K]
   const float* xd;        // [M, K / 32]
   const float* xm;        // [M, K / 32] xd * xs
-  const uint8_t* w;       // [ceil(N / 8), K / 32, 8 * 32 * bits / 8] panels (above)
-  const void* d;          // [ceil(N / 8), K / 32, 8] float16 (uint16_t bits) or float32
+  const int32_t* xs;      // [M, K / 32] sum of the block's xq
+  const uint8_t* w;       // [ceil(N / 16), K / 32, 16 * 32 * bits / 8] panels (above)
+  const void* d;          // [ceil(N / 16), K / 32, 16] float16 (uint16_t bits) or float32
   const void* m;          // like d, or null: m = -zero_point * d
   int bits;               // 4 or 8
   bool scales_fp32;

@@ -23,7 +23,7 @@ from verispec.model.quant.linear import QuantLinear
 from verispec.model.tokenizer import Tokenizer
 
 # Bump when what is saved changes meaning.
-FORMAT = 2
+FORMAT = 3  # 3: panels of 16 columns
 _log = logging.getLogger("verispec")
 Weight = QuantizedWeight | PanelWeight | torch.Tensor
 

@@ -91,14 +91,14 @@ class QuantizedWeight:
                                first.bits, first.zero_point, first.kind)
 
 
-PANEL = 8
+PANEL = 16
 
 
 class PanelWeight:
-    """A QuantizedWeight laid out for the compiled kernels: panels of 8 columns whose bytes for
+    """A QuantizedWeight laid out for the compiled kernels: panels of 16 columns whose bytes for
     four consecutive elements lie side by side (csrc/qgemm.h), so one integer dot product gives
-    each column's partial sum in its own lane. packed: [ceil(N / 8), K / 32, 32 * bits] uint8;
-    d, m: [ceil(N / 8), K / 32, 8]; padding columns are zero."""
+    each column's partial sum in its own lane. packed: [ceil(N / 16), K / 32, 64 * bits] uint8;
+    d, m: [ceil(N / 16), K / 32, 16]; padding columns are zero."""
 
     def __init__(self, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, bits: int,
                  zero_point: int, kind: str, shape: tuple[int, int]) -> None:
