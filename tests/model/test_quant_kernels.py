@@ -171,3 +171,6 @@ def test_panels_hold_the_same_weight(bits, minimum) -> None:
     assert torch.equal(back.packed, weight.packed) and torch.equal(back.d, weight.d)
     assert (back.m is None and weight.m is None) or torch.equal(back.m, weight.m)
     assert torch.equal(panels.dequantize(), weight.dequantize())
+    index = torch.tensor([12, 0, 7, 12])  # rows picked out of their panel, one twice
+    picked = panels.select_rows(index)
+    assert torch.equal(picked.dequantize(), weight.dequantize()[index])

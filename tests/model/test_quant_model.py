@@ -10,7 +10,6 @@ from verispec import LLM, SamplingParams
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.model import load_model
-from verispec.model.quant.formats import QuantizedWeight
 
 TEXT = ("<|im_start|>user\nExplain how a rainbow forms, for a child.<|im_end|>\n<|im_start|>"
         "assistant\nA rainbow forms when sunlight passes through raindrops. The light bends, "
@@ -31,7 +30,7 @@ def _logits(model, ids: list[int]) -> torch.Tensor:  # [len(ids), V]
 def test_stored_blocks_are_the_widened_models_weights(stored, embedded) -> None:
     model, _ = stored
     widened, _ = embedded
-    assert model.quantized and isinstance(model.embed_quantized, QuantizedWeight)
+    assert model.quantized and model.embed_quantized is model.lm_head.parts[0]  # tied: one table
     assert [p.kind for p in model.lm_head.parts] == ["Q8_0"]
     ids = torch.tensor([0, 5, 49151, 1234])
     assert torch.equal(model.embed(ids), widened.embed_tokens[ids])

@@ -26,7 +26,7 @@ from torch import nn
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
 from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
-from verispec.model.quant.formats import QuantizedWeight
+from verispec.model.quant.formats import PanelWeight, QuantizedWeight
 from verispec.model.quant.kernels import compiled_kernels
 from verispec.model.quant.linear import QuantLinear
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
@@ -235,6 +235,8 @@ class LlamaModel(nn.Module):
                 self.embed_quantized = embed if isinstance(embed, QuantizedWeight) else embed.float()
                 self.lm_head.load([weights["model.embed_tokens.weight"
                                            if self.config.tie_word_embeddings else "lm_head.weight"]])
+                if self.config.tie_word_embeddings and isinstance(embed, QuantizedWeight):
+                    self.embed_quantized = self.lm_head.parts[0]  # one table for both
             else:
                 self.embed_tokens.copy_(weights["model.embed_tokens.weight"])
                 if not self.config.tie_word_embeddings:
@@ -248,7 +250,7 @@ class LlamaModel(nn.Module):
         embedding scale (rounded to the model's dtype first, as transformers rounds it)."""
         if not self.quantized:
             rows = F.embedding(input_ids, self.embed_tokens)
-        elif isinstance(self.embed_quantized, QuantizedWeight):
+        elif isinstance(self.embed_quantized, (QuantizedWeight, PanelWeight)):
             rows = self.embed_quantized.select_rows(input_ids).dequantize()
         else:
             rows = F.embedding(input_ids, self.embed_quantized)
@@ -270,8 +272,9 @@ class LlamaModel(nn.Module):
             stored += sum(p.numel() * p.element_size() if isinstance(p, torch.Tensor) else p.nbytes
                           for m in linears for p in m.parts)
             embed = self.embed_quantized
-            stored += embed.numel() * embed.element_size() if isinstance(embed, torch.Tensor) \
-                else embed.nbytes
+            if not any(embed is part for part in self.lm_head.parts):
+                stored += embed.numel() * embed.element_size() if isinstance(embed, torch.Tensor) \
+                    else embed.nbytes
         return stored
 
     def padded_rows(self, rows: int) -> int:

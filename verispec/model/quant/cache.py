@@ -23,7 +23,7 @@ from verispec.model.quant.linear import QuantLinear
 from verispec.model.tokenizer import Tokenizer
 
 # Bump when what is saved changes meaning.
-FORMAT = 3  # 3: panels of 16 columns
+FORMAT = 4  # 3: panels of 16 columns; 4: a tied embedding stored once, as the LM head
 _log = logging.getLogger("verispec")
 Weight = QuantizedWeight | PanelWeight | torch.Tensor
 
@@ -49,12 +49,18 @@ def _unpack(saved: dict) -> Weight:
                        saved["zero_point"], saved["kind"], saved["shape"])
 
 
+def _shares_lm_head(model: LlamaModel) -> bool:
+    """A tied model's lookups read the LM head's own table (LlamaModel.load_weights)."""
+    return any(model.embed_quantized is part for part in model.lm_head.parts)
+
+
 def save(model: LlamaModel, tokenizer: Tokenizer, directory: Path) -> None:
     """The model's prepared weights, config and tokenizer into `directory` (created)."""
     linears = {name: [_pack(p) for p in module.parts] for name, module in model.named_modules()
                if isinstance(module, QuantLinear)}
     state = {"format": FORMAT, "config": model.config.to_dict(),
-             "embed": _pack(model.embed_quantized), "linears": linears,
+             "embed": {"layout": "lm_head"} if _shares_lm_head(model) else _pack(model.embed_quantized),
+             "linears": linears,
              "parameters": dict(model.named_parameters())}
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(directory)
@@ -73,10 +79,11 @@ def load(directory: Path) -> tuple[LlamaModel, Tokenizer] | None:
             return None
         config = ModelConfig.from_dict(state["config"])
         model = LlamaModel(config, quantized=True)
-        model.embed_quantized = _unpack(state["embed"])
         modules = dict(model.named_modules())
         for name, parts in state["linears"].items():
             modules[name].load_prepared([_unpack(p) for p in parts])
+        shared = state["embed"]["layout"] == "lm_head"
+        model.embed_quantized = model.lm_head.parts[0] if shared else _unpack(state["embed"])
         model.load_state_dict(state["parameters"], strict=False)
         eos = config.eos_token_ids[0] if config.eos_token_ids else None
         tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)

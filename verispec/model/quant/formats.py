@@ -131,6 +131,17 @@ class PanelWeight:
     def dequantize(self) -> torch.Tensor:  # [N, K] float32
         return self.to_rows().dequantize()
 
+    def select_rows(self, index: torch.Tensor) -> QuantizedWeight:  # [R] int64 -> R rows
+        """Rows `index` in row layout, read out of their panels (a tied LM head serves the
+        embedding lookups this way, without a second copy of the table)."""
+        panels, groups = self.packed.shape[:2]
+        panel, lane = index // PANEL, index % PANEL
+        words = self.packed.view(torch.int32).view(panels, groups, -1, PANEL)[panel, :, :, lane]
+        packed = words.reshape(index.numel(), -1).contiguous().view(torch.uint8)
+        return QuantizedWeight(packed, self.d[panel, :, lane],
+                               None if self.m is None else self.m[panel, :, lane], self.bits,
+                               self.zero_point, self.kind)
+
     def to_rows(self) -> QuantizedWeight:
         """The same weight in row layout (QuantizedWeight), padding dropped."""
         rows, columns = self.shape
