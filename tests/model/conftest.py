@@ -66,14 +66,15 @@ def write_tiny_vocab(writer) -> None:
 
 def tiny_tokenizer() -> Tokenizer:
     tokens, types, merges = tiny_vocab()
-    backend = build_bpe_tokenizer("gpt2", "smollm", tokens, types, merges, bos_token_id=1,
+    backend = build_bpe_tokenizer("smollm", tokens, types, merges, bos_token_id=1,
                                   add_bos=False)
     return Tokenizer(backend, bos_token_id=1, eos_token_id=2, chat_template=CHATML_TEMPLATE)
 
 
-def make_hf_tiny(tied: bool, seed: int = 0) -> LlamaForCausalLM:
+def make_hf_tiny(tied: bool, seed: int = 0, **changes) -> LlamaForCausalLM:
+    """changes: TINY_CONFIG entries to replace (vocab_size for another vocabulary)."""
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=tied, **TINY_CONFIG)).eval()
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, "tie_word_embeddings": tied, **changes})).eval()
     with torch.no_grad():
         for param in model.parameters():  # random norms too, so that a swapped norm shows
             if param.dim() == 1:
@@ -93,7 +94,7 @@ def write_bos_chat_checkpoint(directory: Path) -> str:
     writes one too: the case where a rendered chat must be encoded without special tokens."""
     make_hf_tiny(tied=False).save_pretrained(directory)
     tokens, types, merges = tiny_vocab()
-    backend = build_bpe_tokenizer("gpt2", "llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
+    backend = build_bpe_tokenizer("llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
     Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
     return str(directory)
 

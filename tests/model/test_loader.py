@@ -27,16 +27,21 @@ _GGUF_NAMES = {
 }
 
 
-def write_tiny_gguf(path: Path, hf) -> None:
-    """The HF model as llama.cpp would convert it (float32 tensors, q/k permuted)."""
+def _tiny_vocab_without_bos(writer) -> None:
+    write_tiny_vocab(writer)
+    writer.add_add_bos_token(False)
+
+
+def write_tiny_gguf(path: Path, hf, write_vocab=_tiny_vocab_without_bos) -> None:
+    """The HF model as llama.cpp would convert it (float32 tensors, q/k permuted), with the
+    tokenizer.* metadata write_vocab(writer) adds."""
     cfg = hf.config
     writer = gguf.GGUFWriter(str(path), "llama")
     write_shape(writer, cfg)
     writer.add_rope_freq_base(TINY_CONFIG["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    write_tiny_vocab(writer)
-    writer.add_add_bos_token(False)
+    write_vocab(writer)
     for name, tensor in hf.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue

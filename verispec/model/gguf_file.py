@@ -18,6 +18,7 @@ the rotate-half rotary and store q and k as they are).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from tqdm import tqdm
 
 from verispec.model.config import ModelConfig, RopeScaling
 from verispec.model.families import split_fused
-from verispec.model.gguf_vocab import build_bpe_tokenizer
+from verispec.model.gguf_vocab import TOKENIZER_MODELS, build_bpe_tokenizer, build_spm_tokenizer
 from verispec.model.quant.formats import GGUF_TYPES, QuantizedWeight, from_gguf
 from verispec.model.tokenizer import Tokenizer
 
@@ -70,6 +71,10 @@ _GEMMAS = ("gemma", "gemma2", "gemma3")
 # llama.cpp's layer counts of Gemma 2 27B and Gemma 3 27B, whose scores it scales by
 # (hidden / heads) ** -0.5 instead of head_dim ** -0.5 (query_pre_attn_scalar).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+# Texts of the tokens that end a turn in llama.cpp's end-of-generation list (the ones of the
+# families with SentencePiece vocabularies and their fine-tunes).
+_TURN_ENDS = frozenset({"<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eot_id|>", "<|im_end|>",
+                        "<|eom_id|>", "<|end_of_text|>", "<EOT>"})
 
 
 @dataclass
@@ -220,8 +225,21 @@ def _family_options(meta: _Metadata, arch: str, layers: int, hidden: int, heads:
     return options
 
 
+def _stop_tokens(meta: _Metadata, tokens: list[str]) -> tuple[int, ...]:
+    """EOS, EOT and EOM ids; for a SentencePiece vocabulary also the turn-ending tokens that
+    llama.cpp recognises by their text, since its converter does not write them for Gemma
+    (<end_of_turn>) or Phi-3 (<|end|>), whose Hugging Face generation configs stop at them."""
+    spm = meta.get("tokenizer.ggml.model", str, None) == "llama"
+    # llama.cpp's ids for a SentencePiece file that names none: 2 is </s>.
+    ids = [meta.get(f"tokenizer.ggml.{key}_token_id", int, 2 if spm and key == "eos" else -1)
+           for key in ("eos", "eot", "eom")]
+    if spm:
+        ids += [i for i, token in enumerate(tokens) if token in _TURN_ENDS]
+    return tuple(dict.fromkeys(i for i in ids if 0 <= i < len(tokens)))
+
+
 def _read_config(meta: _Metadata, tensors: dict[str, ReaderTensor],
-                 vocab_size: int) -> tuple[ModelConfig, str]:
+                 tokens: list[str]) -> tuple[ModelConfig, str]:
     """The config and the Hugging Face model_type."""
     arch = meta.get("general.architecture", str)
     if arch not in ARCHITECTURES:
@@ -236,10 +254,10 @@ def _read_config(meta: _Metadata, tensors: dict[str, ReaderTensor],
         raise ValueError(f"model={str(meta.path)!r} is not supported: rope.dimension_count="
                          f"{rotary_dim}, expected head_dim={head_dim} (partial rotary)")
     context = meta.get(f"{arch}.context_length", int, 2048)
-    eos = [meta.get(f"tokenizer.ggml.{key}_token_id", int, -1) for key in ("eos", "eot", "eom")]
+    spm = meta.get("tokenizer.ggml.model", str, None) == "llama"
     try:
         config = ModelConfig(
-            vocab_size=meta.get(f"{arch}.vocab_size", int, vocab_size),
+            vocab_size=meta.get(f"{arch}.vocab_size", int, len(tokens)),
             hidden_size=hidden,
             intermediate_size=meta.get(f"{arch}.feed_forward_length", int),
             num_layers=layers,
@@ -250,8 +268,8 @@ def _read_config(meta: _Metadata, tensors: dict[str, ReaderTensor],
             rope_theta=meta.get(f"{arch}.rope.freq_base", (int, float), 10000.0),
             max_position_embeddings=context,
             tie_word_embeddings="output.weight" not in tensors,
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
-            eos_token_ids=tuple(dict.fromkeys(t for t in eos if t >= 0)),
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, 1 if spm else None),
+            eos_token_ids=_stop_tokens(meta, tokens),
             rope_scaling=_rope_scaling(meta, arch, tensors, context),
             qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
             o_bias="blk.0.attn_output.bias" in tensors,
@@ -265,28 +283,50 @@ def _read_config(meta: _Metadata, tensors: dict[str, ReaderTensor],
     return config, ARCHITECTURES[arch]
 
 
+def _tokenizer_model(meta: _Metadata) -> str:
+    model = meta.get("tokenizer.ggml.model", str)
+    if model not in TOKENIZER_MODELS:
+        supported = ", ".join(f"{name} ({kind})" for name, kind in TOKENIZER_MODELS.items())
+        raise ValueError(f"model={str(meta.path)!r} is not supported: tokenizer.ggml.model="
+                         f"{model!r}, expected one of {supported}")
+    return model
+
+
 def _read_tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
     tokens = meta.get("tokenizer.ggml.tokens", list)
     token_types = meta.get("tokenizer.ggml.token_type", list)
     if len(token_types) != len(tokens):
         raise ValueError(f"model={str(meta.path)!r} has {len(token_types)} GGUF token types "
                          f"for {len(tokens)} tokens: expected one per token")
+    spm = _tokenizer_model(meta) == "llama"
+    eos = config.eos_token_ids[0] if config.eos_token_ids else None
+    specials = dict(
+        bos_token_id=config.bos_token_id, eos_token_id=eos,
+        # llama.cpp adds BOS to SentencePiece text unless the file says otherwise.
+        add_bos=meta.get("tokenizer.ggml.add_bos_token", bool, spm),
+        add_eos=meta.get("tokenizer.ggml.add_eos_token", bool, False))
+    if spm:
+        scores = meta.get("tokenizer.ggml.scores", list)
+        if len(scores) != len(tokens):
+            raise ValueError(f"model={str(meta.path)!r} has {len(scores)} GGUF token scores "
+                             f"for {len(tokens)} tokens: expected one per token")
+        unk = meta.get("tokenizer.ggml.unknown_token_id", int, None)
+        build = functools.partial(
+            build_spm_tokenizer, tokens, scores, token_types,
+            unk_token_id=unk if unk is not None and 0 <= unk < len(tokens) else None,
+            add_space_prefix=meta.get("tokenizer.ggml.add_space_prefix", bool, True),
+            rstrip_special=any(name in meta.get("general.name", str, "").lower()
+                               for name in ("phi-3", "phi3")))
+    else:
+        build = functools.partial(build_bpe_tokenizer, meta.get("tokenizer.ggml.pre", str, "default"),
+                                  tokens, token_types, meta.get("tokenizer.ggml.merges", list))
     try:
-        backend = build_bpe_tokenizer(
-            model=meta.get("tokenizer.ggml.model", str),
-            pre=meta.get("tokenizer.ggml.pre", str, "default"),
-            tokens=tokens,
-            token_types=token_types,
-            merges=meta.get("tokenizer.ggml.merges", list),
-            bos_token_id=config.bos_token_id,
-            add_bos=meta.get("tokenizer.ggml.add_bos_token", bool, False),
-        )
+        backend = build(**specials)
     # tokenizers reports a malformed vocabulary (a merge of unknown tokens, ...) as a plain
     # Exception; nothing else runs inside this call.
     except Exception as error:
         raise ValueError(f"model={str(meta.path)!r} has an unusable GGUF vocabulary: "
                          f"{error}") from None
-    eos = config.eos_token_ids[0] if config.eos_token_ids else None
     return Tokenizer(backend, config.bos_token_id, eos,
                      meta.get("tokenizer.chat_template", str, None))
 
@@ -330,7 +370,8 @@ def read_gguf(path: Path, progress: bool, stored: bool = False) -> GGUFCheckpoin
     reader = _open(path)
     meta = _Metadata(reader, path)
     tensors = {t.name: t for t in reader.tensors}
-    config, model_type = _read_config(meta, tensors, len(meta.get("tokenizer.ggml.tokens", list)))
+    config, model_type = _read_config(meta, tensors, meta.get("tokenizer.ggml.tokens", list))
+    _tokenizer_model(meta)  # an unsupported vocabulary is refused before any weight is read
     arch = meta.get("general.architecture", str)
     weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in tqdm(reader.tensors, desc=f"{'Reading' if stored else 'Dequantizing'} "
