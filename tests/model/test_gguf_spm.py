@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 
 import gguf
 import pytest
@@ -163,6 +164,14 @@ def test_streaming_decode_matches_decode(spm_file) -> None:
             continue
         stream = tokenizer.incremental_decoder()
         assert "".join(stream.push([i]) for i in ids) == tokenizer.decode(ids), text
+        # After a prompt, the output keeps the space its first token starts with, and each
+        # token's text (logprobs) joins into it.
+        prompt = tokenizer.encode("Say:")
+        stream = tokenizer.incremental_decoder(context=prompt)
+        after = tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)):]
+        assert "".join(stream.push([i]) for i in ids) == after, text
+        if not any(sp.is_byte(i) for i in ids):
+            assert "".join(tokenizer.token_text(i) for i in ids) == after, text
 
 
 def test_phi3_special_tokens_swallow_the_whitespace_after_them(tmp_path) -> None:
@@ -206,6 +215,16 @@ def test_llm_chat_and_generate_follow_the_file(add_bos, tmp_path, monkeypatch) -
                                      + [sp.eos_id()] + sp.encode("[INST] 数字? [/INST]"))
     (plain,) = llm.generate(" Hello", params, use_tqdm=False)
     assert plain.prompt_token_ids == bos + sp.encode(" Hello")
+    # The output text continues the prompt's (a first "▁" token reads " "), and structured
+    # output works through the rebuilt vocabulary.
+    tokenizer = llm.tokenizer
+    for out in llm.generate(["Hello", "数字"], SamplingParams(max_tokens=6, temperature=0),
+                            use_tqdm=False):
+        prompt = tokenizer.decode(out.prompt_token_ids)
+        assert out.text == tokenizer.decode(out.prompt_token_ids + out.token_ids)[len(prompt):]
+    (digits,) = llm.generate("n=", SamplingParams(max_tokens=4, temperature=0, regex=r" [0-9]{3}"),
+                             use_tqdm=False)
+    assert re.fullmatch(r" [0-9]{3}", digits.text)
 
 
 def test_unsupported_vocabulary_is_refused_in_one_line(tmp_path, monkeypatch) -> None:

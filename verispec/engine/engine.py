@@ -249,7 +249,7 @@ class LLMEngine:
         )
         request.num_speculative_tokens = self._next_k(request)
         self._requests[request_id] = request
-        self._decoders[request_id] = self.tokenizer.incremental_decoder()
+        self._decoders[request_id] = self.tokenizer.incremental_decoder(context=prepared.prompt_token_ids)
         self.scheduler.add(request)
         return request_id
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,10 @@ from tokenizers.decoders import DecodeStream
 
 from verispec.model.chat_template import CHATML_TEMPLATE, render_chat
 from verispec.model.hf_checkpoint import read_json
+
+# Prompt ids an IncrementalDecoder decodes before the output: enough for any token to read as it
+# does in running text.
+_CONTEXT_TOKENS = 4
 
 
 def _token_content(value: object) -> str | None:
@@ -116,6 +120,13 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_text(self, token_id: int, skip_special_tokens: bool = True) -> str:
+        """What one token adds to running text: `decode([token_id])`, except that a
+        SentencePiece token keeps the leading space that decode drops at the start of a text
+        ("▁world" reads " world"), so the tokens of an output join into its text."""
+        alone = self.decode([token_id], skip_special_tokens)
+        return self.decode([token_id, token_id], skip_special_tokens)[len(alone):]
+
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True, **variables: Any) -> str:
         """The prompt text for a conversation, from the model's template (ChatML if none).
@@ -129,8 +140,9 @@ class Tokenizer:
         return render_chat(self.chat_template or CHATML_TEMPLATE, messages,
                            add_generation_prompt, **variables)
 
-    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
-        return IncrementalDecoder(self, skip_special_tokens)
+    def incremental_decoder(self, skip_special_tokens: bool = True,
+                            context: Sequence[int] = ()) -> IncrementalDecoder:
+        return IncrementalDecoder(self, skip_special_tokens, context)
 
 
 class IncrementalDecoder:
@@ -141,9 +153,18 @@ class IncrementalDecoder:
     concatenation equals decoding all ids at once.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True,
+                 context: Sequence[int] = ()) -> None:
+        """context: the ids before the first pushed one (a prompt's). The text is what the
+        pushed ids add after them, so a SentencePiece token that starts the output keeps its
+        space (" Paris" after "The capital is", as vLLM and llama.cpp print it; decode alone
+        strips it). A context that ends inside a character is not used: the first pushed ids
+        would complete it."""
         self._backend = tokenizer.backend
-        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        tail = list(context)[-_CONTEXT_TOKENS:]
+        if tail and tokenizer.decode(tail, skip_special_tokens).endswith("\ufffd"):
+            tail = []
+        self._stream = DecodeStream(ids=tail or None, skip_special_tokens=skip_special_tokens)
 
     def push(self, token_ids: Iterable[int]) -> str:
         """The text newly completed by `token_ids` ("" when they complete none yet)."""

@@ -72,7 +72,7 @@ class Formatter:
         """An emitted token reads as it does in the text (special tokens are left out of both,
         so the tokens join into the text and text_offset indexes it); an alternative shows its
         name."""
-        return self.tokenizer.decode([token_id], skip_special_tokens=emitted)
+        return self.tokenizer.token_text(token_id, skip_special_tokens=emitted)
 
     def _chat_logprobs(self, records: list[TokenLogprob]) -> dict:
         def entry(token_id: int, logprob: float, emitted: bool = False) -> dict:
