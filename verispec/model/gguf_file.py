@@ -225,11 +225,10 @@ def _family_options(meta: _Metadata, arch: str, layers: int, hidden: int, heads:
     return options
 
 
-def _stop_tokens(meta: _Metadata, tokens: list[str]) -> tuple[int, ...]:
-    """EOS, EOT and EOM ids; for a SentencePiece vocabulary also the turn-ending tokens that
-    llama.cpp recognises by their text, since its converter does not write them for Gemma
+def _stop_tokens(meta: _Metadata, tokens: list[str], spm: bool) -> tuple[int, ...]:
+    """EOS, EOT and EOM ids; for a SentencePiece vocabulary (spm) also the turn-ending tokens
+    that llama.cpp recognises by their text, since its converter does not write them for Gemma
     (<end_of_turn>) or Phi-3 (<|end|>), whose Hugging Face generation configs stop at them."""
-    spm = meta.get("tokenizer.ggml.model", str, None) == "llama"
     # llama.cpp's ids for a SentencePiece file that names none: 2 is </s>.
     ids = [meta.get(f"tokenizer.ggml.{key}_token_id", int, 2 if spm and key == "eos" else -1)
            for key in ("eos", "eot", "eom")]
@@ -269,7 +268,7 @@ def _read_config(meta: _Metadata, tensors: dict[str, ReaderTensor],
             max_position_embeddings=context,
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, 1 if spm else None),
-            eos_token_ids=_stop_tokens(meta, tokens),
+            eos_token_ids=_stop_tokens(meta, tokens, spm),
             rope_scaling=_rope_scaling(meta, arch, tensors, context),
             qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
             o_bias="blk.0.attn_output.bias" in tensors,
