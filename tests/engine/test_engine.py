@@ -179,7 +179,7 @@ def test_streamed_text_never_shows_a_stop_string_begun_in_an_earlier_step(target
             assert out.text == streamed[out.request_id]
             if out.finished:
                 final[out.request_id] = out.text
-    full = " ".join(f"t{t}" for t in free_run)
+    full = "".join(f" t{t}" for t in free_run)  # the output continues the prompt's words
     assert streamed[stopped] == final[stopped] == full[: full.index(stop)]
     assert streamed[plain] == final[plain] == full
 
@@ -188,7 +188,7 @@ def test_streamed_text_never_shows_a_stop_string_begun_in_an_earlier_step(target
 @pytest.mark.parametrize("reverse", [False, True])
 def test_stop_strings_completed_by_one_token_cut_at_the_earliest(target, k, reverse) -> None:
     free_run = generate(tiny_engine(target), [PROMPTS[1]], GREEDY)[0]
-    full = " ".join(f"t{t}" for t in free_run)
+    full = "".join(f" t{t}" for t in free_run)  # the output continues the prompt's words
     short, long = f"t{free_run[5]}", f"t{free_run[3]} t{free_run[4]} t{free_run[5]}"
     assert full.index(short) + len(short) == full.index(long) + len(long)  # both end on token 5
     stops = [long, short] if reverse else [short, long]
