@@ -31,8 +31,11 @@ def extensions() -> list:
         return []
     sources = ["csrc/binding.cpp", "csrc/attention.cpp"] + [f"csrc/qgemm_{isa}.cpp"
                                       for isa in ("avx512vnni", "avxvnni", "avx2", "generic")]
+    # -fopenmp: at::parallel_for runs on torch's OpenMP threads only in code compiled with it;
+    # without, every range ran on the calling thread.
     return [CppExtension("verispec.cpu_kernels", sources,
-                         extra_compile_args=["-O3", "-ffp-contract=off"])]
+                         extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp"],
+                         extra_link_args=["-fopenmp"])]
 
 
 setup(ext_modules=extensions(),
