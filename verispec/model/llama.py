@@ -232,11 +232,12 @@ class LlamaModel(nn.Module):
         with torch.no_grad():
             if self.quantized:
                 embed = weights["model.embed_tokens.weight"]
-                self.embed_quantized = embed if isinstance(embed, QuantizedWeight) else embed.float()
                 self.lm_head.load([weights["model.embed_tokens.weight"
                                            if self.config.tie_word_embeddings else "lm_head.weight"]])
                 if self.config.tie_word_embeddings and isinstance(embed, QuantizedWeight):
                     self.embed_quantized = self.lm_head.parts[0]  # one table for both
+                else:
+                    self.embed_quantized = embed if isinstance(embed, QuantizedWeight) else embed.float()
             else:
                 self.embed_tokens.copy_(weights["model.embed_tokens.weight"])
                 if not self.config.tie_word_embeddings:
@@ -272,10 +273,15 @@ class LlamaModel(nn.Module):
             stored += sum(p.numel() * p.element_size() if isinstance(p, torch.Tensor) else p.nbytes
                           for m in linears for p in m.parts)
             embed = self.embed_quantized
-            if not any(embed is part for part in self.lm_head.parts):
+            if not self.embedding_is_lm_head:
                 stored += embed.numel() * embed.element_size() if isinstance(embed, torch.Tensor) \
                     else embed.nbytes
         return stored
+
+    @property
+    def embedding_is_lm_head(self) -> bool:
+        """A tied quantized model's lookups read the LM head's own table (load_weights)."""
+        return self.quantized and any(self.embed_quantized is part for part in self.lm_head.parts)
 
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products

@@ -49,17 +49,12 @@ def _unpack(saved: dict) -> Weight:
                        saved["zero_point"], saved["kind"], saved["shape"])
 
 
-def _shares_lm_head(model: LlamaModel) -> bool:
-    """A tied model's lookups read the LM head's own table (LlamaModel.load_weights)."""
-    return any(model.embed_quantized is part for part in model.lm_head.parts)
-
-
 def save(model: LlamaModel, tokenizer: Tokenizer, directory: Path) -> None:
     """The model's prepared weights, config and tokenizer into `directory` (created)."""
     linears = {name: [_pack(p) for p in module.parts] for name, module in model.named_modules()
                if isinstance(module, QuantLinear)}
     state = {"format": FORMAT, "config": model.config.to_dict(),
-             "embed": {"layout": "lm_head"} if _shares_lm_head(model) else _pack(model.embed_quantized),
+             "embed": {"layout": "lm_head"} if model.embedding_is_lm_head else _pack(model.embed_quantized),
              "linears": linears,
              "parameters": dict(model.named_parameters())}
     directory.mkdir(parents=True, exist_ok=True)
