@@ -13,29 +13,39 @@
 namespace verispec {
 namespace {
 
+float widen(float value) { return value; }
+float widen(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+
 // q . k over `dim` values in a fixed order (eight running sums, then a fixed tree), which the
-// compiler vectorizes without reassociating.
-__attribute__((target_clones("avx2", "default")))
-float dot(const float* q, const float* k, int64_t dim) {
+// compiler vectorizes without reassociating. A float16 cache's values (uint16_t bits) are
+// widened exactly first, so every path gives the float32 kernel's result on the widened values.
+template <typename T>
+__attribute__((always_inline)) inline float dot_in_order(const float* q, const T* k, int64_t dim) {
   float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   int64_t d = 0;
   for (; d + 8 <= dim; d += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += q[d + j] * k[d + j];
+    for (int j = 0; j < 8; ++j) part[j] += q[d + j] * widen(k[d + j]);
   }
-  for (int j = 0; d < dim; ++d, ++j) part[j] += q[d] * k[d];
+  for (int j = 0; d < dim; ++d, ++j) part[j] += q[d] * widen(k[d]);
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-__attribute__((target_clones("avx2", "default")))
-void add_scaled(float* acc, const float* v, float weight, int64_t dim) {
-  for (int64_t d = 0; d < dim; ++d) acc[d] += weight * v[d];
+template <typename T>
+__attribute__((always_inline)) inline void add_scaled_in_order(float* acc, const T* v, float weight,
+                                                               int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) acc[d] += weight * widen(v[d]);
 }
 
-// The same two operations over a float16 cache: each value widened exactly to float32, then the
-// very operations above in the same order, so every path gives the float32 kernel's result on
-// the widened values. With F16C, eight values are widened per instruction.
-float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+__attribute__((target_clones("avx2", "default")))
+float dot(const float* q, const float* k, int64_t dim) { return dot_in_order(q, k, dim); }
 
+__attribute__((target_clones("avx2", "default")))
+void add_scaled(float* acc, const float* v, float weight, int64_t dim) {
+  add_scaled_in_order(acc, v, weight, dim);
+}
+
+// The same two operations over a float16 cache with F16C: eight values widened per instruction,
+// then the operations above in the same order.
 __attribute__((target("avx2,f16c")))
 float dot_f16c(const float* q, const uint16_t* k, int64_t dim) {
   __m256 part = _mm256_setzero_ps();
@@ -46,7 +56,7 @@ float dot_f16c(const float* q, const uint16_t* k, int64_t dim) {
   }
   float lanes[8];
   _mm256_storeu_ps(lanes, part);
-  for (int j = 0; d < dim; ++d, ++j) lanes[j] += q[d] * half_to_float(k[d]);
+  for (int j = 0; d < dim; ++d, ++j) lanes[j] += q[d] * widen(k[d]);
   return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
@@ -58,21 +68,7 @@ void add_scaled_f16c(float* acc, const uint16_t* v, float weight, int64_t dim) {
     const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + d)));
     _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_loadu_ps(acc + d), _mm256_mul_ps(w, vv)));
   }
-  for (; d < dim; ++d) acc[d] += weight * half_to_float(v[d]);
-}
-
-float dot_scalar(const float* q, const uint16_t* k, int64_t dim) {
-  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  int64_t d = 0;
-  for (; d + 8 <= dim; d += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += q[d + j] * half_to_float(k[d + j]);
-  }
-  for (int j = 0; d < dim; ++d, ++j) part[j] += q[d] * half_to_float(k[d]);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
-
-void add_scaled_scalar(float* acc, const uint16_t* v, float weight, int64_t dim) {
-  for (int64_t d = 0; d < dim; ++d) acc[d] += weight * half_to_float(v[d]);
+  for (; d < dim; ++d) acc[d] += weight * widen(v[d]);
 }
 
 // VERISPEC_CPU_KERNEL=generic forces the portable path, as it does for the products.
@@ -84,11 +80,11 @@ bool has_f16c() {
 }
 
 float dot(const float* q, const uint16_t* k, int64_t dim) {
-  return has_f16c() ? dot_f16c(q, k, dim) : dot_scalar(q, k, dim);
+  return has_f16c() ? dot_f16c(q, k, dim) : dot_in_order(q, k, dim);
 }
 
 void add_scaled(float* acc, const uint16_t* v, float weight, int64_t dim) {
-  has_f16c() ? add_scaled_f16c(acc, v, weight, dim) : add_scaled_scalar(acc, v, weight, dim);
+  has_f16c() ? add_scaled_f16c(acc, v, weight, dim) : add_scaled_in_order(acc, v, weight, dim);
 }
 
 }  // namespace
