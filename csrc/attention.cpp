@@ -89,41 +89,33 @@ void add_scaled(float* acc, const uint16_t* v, float weight, int64_t dim) {
 
 }  // namespace
 
-torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& kv_cache,
-                                   const torch::Tensor& block_tables, const torch::Tensor& row_seq,
-                                   const torch::Tensor& row_first,
-                                   const torch::Tensor& row_visible,
-                                   const torch::Tensor& row_tree_start,
-                                   const torch::Tensor& tree_mask, double scale, double softcap) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be [R, Hq, D] float32");
+RowPlan RowPlan::of(const std::vector<torch::Tensor>& tensors) {
+  TORCH_CHECK(tensors.size() == 6, "a row plan is 6 tensors: block_tables, row_seq, row_first, "
+              "row_visible, row_tree_start, tree_mask");
+  for (size_t i = 0; i < 5; ++i) {
+    TORCH_CHECK(tensors[i].scalar_type() == torch::kInt64 && tensors[i].is_contiguous(),
+                "row plan tensor ", i, " must be contiguous int64");
+  }
+  const torch::Tensor& mask = tensors[5];
+  TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.is_contiguous() && mask.dim() == 2,
+              "tree_mask must be a contiguous [R, max_new] bool tensor");
+  return RowPlan{tensors[0].data_ptr<int64_t>(), tensors[0].size(1), tensors[1].data_ptr<int64_t>(),
+                 tensors[2].data_ptr<int64_t>(), tensors[3].data_ptr<int64_t>(),
+                 tensors[4].data_ptr<int64_t>(), mask.data_ptr<bool>(), mask.size(1)};
+}
+
+void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t dim,
+                 const torch::Tensor& kv_cache, const RowPlan& plan, float scale, float cap,
+                 float* out) {
   const bool half = kv_cache.scalar_type() == torch::kHalf;
   TORCH_CHECK(kv_cache.dim() == 5 && (half || kv_cache.scalar_type() == torch::kFloat32) &&
                   kv_cache.is_contiguous(),
               "kv_cache must be contiguous [2, blocks, block_size, Hkv, D] float32 or float16");
-  const torch::Tensor qc = q.contiguous();
-  const int64_t rows = qc.size(0), heads = qc.size(1), dim = qc.size(2);
   const int64_t num_blocks = kv_cache.size(1), block_size = kv_cache.size(2);
   const int64_t kv_heads = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == dim && heads % kv_heads == 0, "q and kv_cache heads differ");
-  const torch::Tensor tables = block_tables.contiguous(), seqs = row_seq.contiguous();
-  const torch::Tensor visible = row_visible.contiguous(), tree_start = row_tree_start.contiguous();
-  const torch::Tensor first = row_first.contiguous();
-  const torch::Tensor mask = tree_mask.to(torch::kBool).contiguous();
-  const int64_t max_new = mask.size(1), table_width = tables.size(1);
-  auto out = torch::empty({rows, heads * dim}, qc.options());
-
-  const float* qp = qc.data_ptr<float>();
   const int64_t values_offset = num_blocks * block_size * kv_heads * dim;  // values after keys
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* sp = seqs.data_ptr<int64_t>();
-  const int64_t* vp = visible.data_ptr<int64_t>();
-  const int64_t* fp = first.data_ptr<int64_t>();
-  const int64_t* tsp = tree_start.data_ptr<int64_t>();
-  const bool* mp = mask.data_ptr<bool>();
-  float* op = out.data_ptr<float>();
   const int64_t group = heads / kv_heads;
-  const float fscale = static_cast<float>(scale);
-  const float cap = static_cast<float>(softcap);
 
   auto attend = [&](const auto* keys) {
     const auto* values = keys + values_offset;
@@ -133,23 +125,24 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
       std::vector<float> acc(dim);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t r = i / heads, h = i % heads, kvh = h / group;
-        const int64_t* table = tp + sp[r] * table_width;
+        const int64_t* table = plan.block_tables + plan.row_seq[r] * plan.table_width;
+        const int64_t first = plan.row_first[r];
         slots.clear();
-        for (int64_t p = fp[r]; p < vp[r]; ++p) {
+        for (int64_t p = first; p < plan.row_visible[r]; ++p) {
           slots.push_back(table[p / block_size] * block_size + p % block_size);
         }
-        for (int64_t j = 0; j < max_new; ++j) {
-          if (mp[r * max_new + j]) {
-            const int64_t p = tsp[r] + j;
-            if (p < fp[r]) continue;
+        for (int64_t j = 0; j < plan.max_new; ++j) {
+          if (plan.tree_mask[r * plan.max_new + j]) {
+            const int64_t p = plan.row_tree_start[r] + j;
+            if (p < first) continue;
             slots.push_back(table[p / block_size] * block_size + p % block_size);
           }
         }
-        const float* query = qp + (r * heads + h) * dim;
+        const float* query = q + r * q_stride + h * dim;
         scores.resize(slots.size());
         float best = -std::numeric_limits<float>::infinity();
         for (size_t k = 0; k < slots.size(); ++k) {
-          scores[k] = dot(query, keys + (slots[k] * kv_heads + kvh) * dim, dim) * fscale;
+          scores[k] = dot(query, keys + (slots[k] * kv_heads + kvh) * dim, dim) * scale;
           if (cap > 0.0f) scores[k] = std::tanh(scores[k] / cap) * cap;
           best = std::fmax(best, scores[k]);
         }
@@ -160,7 +153,7 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
           total += weight;
           add_scaled(acc.data(), values + (slots[k] * kv_heads + kvh) * dim, weight, dim);
         }
-        float* dst = op + r * heads * dim + h * dim;
+        float* dst = out + r * heads * dim + h * dim;
         const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
         for (int64_t d = 0; d < dim; ++d) dst[d] = acc[d] * inverse;
       }
@@ -171,6 +164,23 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   } else {
     attend(kv_cache.data_ptr<float>());
   }
+}
+
+torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& kv_cache,
+                                   const torch::Tensor& block_tables, const torch::Tensor& row_seq,
+                                   const torch::Tensor& row_first,
+                                   const torch::Tensor& row_visible,
+                                   const torch::Tensor& row_tree_start,
+                                   const torch::Tensor& tree_mask, double scale, double softcap) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be [R, Hq, D] float32");
+  const torch::Tensor qc = q.contiguous();
+  const int64_t rows = qc.size(0), heads = qc.size(1), dim = qc.size(2);
+  const std::vector<torch::Tensor> tensors = {
+      block_tables.contiguous(), row_seq.contiguous(), row_first.contiguous(),
+      row_visible.contiguous(), row_tree_start.contiguous(), tree_mask.to(torch::kBool).contiguous()};
+  auto out = torch::empty({rows, heads * dim}, qc.options());
+  attend_rows(qc.data_ptr<float>(), heads * dim, rows, heads, dim, kv_cache, RowPlan::of(tensors),
+              static_cast<float>(scale), static_cast<float>(softcap), out.data_ptr<float>());
   return out;
 }
 

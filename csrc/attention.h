@@ -5,7 +5,31 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <vector>
+
 namespace verispec {
+
+// Where each query row attends (the tensors of paged_attention_rows below, as raw pointers;
+// the tensors must outlive it).
+struct RowPlan {
+  const int64_t* block_tables;  // [B, table_width]
+  int64_t table_width;
+  const int64_t* row_seq;         // [R]
+  const int64_t* row_first;       // [R]
+  const int64_t* row_visible;     // [R]
+  const int64_t* row_tree_start;  // [R]
+  const bool* tree_mask;          // [R, max_new]
+  int64_t max_new;
+
+  // From [block_tables, row_seq, row_first, row_visible, row_tree_start, tree_mask], checked.
+  static RowPlan of(const std::vector<torch::Tensor>& tensors);
+};
+
+// paged_attention_rows on raw rows: query row r, head h at q + r * q_stride + h * dim; the
+// result of row r at out + r * heads * dim.
+void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t dim,
+                 const torch::Tensor& kv_cache, const RowPlan& plan, float scale, float softcap,
+                 float* out);
 
 // q [R, Hq, D] float32; kv_cache [2, blocks, block_size, Hkv, D] float32 or float16 (widened
 // exactly on read);

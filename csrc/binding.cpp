@@ -1,6 +1,6 @@
 // verispec.cpu_kernels: the quantized products (qgemm.h) as torch functions, the activations'
-// quantization, the choice of instruction set from the CPU's flags at run time, and the
-// row-by-row paged attention (attention.h).
+// quantization, the choice of instruction set from the CPU's flags at run time, the
+// row-by-row paged attention (attention.h) and a quantized model's decoder layers (decoder.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -9,82 +9,11 @@
 #include <vector>
 
 #include "attention.h"
-#include "qgemm.h"
+#include "decoder.h"
+#include "qlinear.h"
 
 namespace verispec {
 namespace {
-
-using Kernel = void (*)(const QGemmArgs&, int64_t, int64_t);
-
-struct Isa {
-  const char* name;
-  Kernel kernel;
-  bool (*supported)();
-};
-
-bool has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
-bool has_avxvnni() { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
-bool has_avx512vnni() {
-  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-bool always() { return true; }
-
-// Best first.
-const Isa kIsas[] = {
-    {"avx512vnni", qgemm_avx512vnni, has_avx512vnni},
-    {"avxvnni", qgemm_avxvnni, has_avxvnni},
-    {"avx2", qgemm_avx2, has_avx2},
-    {"generic", qgemm_generic, always},
-};
-
-Kernel kernel_for(const std::string& name) {
-  for (const Isa& isa : kIsas) {
-    if (name == isa.name) {
-      TORCH_CHECK(isa.supported(), "isa='", name, "' is not supported by this CPU");
-      return isa.kernel;
-    }
-  }
-  TORCH_CHECK(false, "isa='", name, "' is unknown: expected avx512vnni, avxvnni, avx2 or generic");
-}
-
-std::vector<std::string> supported_isas() {
-  std::vector<std::string> names;
-  for (const Isa& isa : kIsas) {
-    if (isa.supported()) names.emplace_back(isa.name);
-  }
-  return names;
-}
-
-constexpr int64_t kBlock = 32;
-
-// x [M, K] float32 -> xq [M, K] int8, xd [M, K/32] float32, and (where not null) xs [M, K/32]
-// int32 and, what the kernels read, xm [M, K/32] = xd * xs: per block, xd = amax / 127,
-// xq = round-half-even(x * (127 / amax)), xs = sum(xq).
-void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xd, int32_t* xs,
-                   float* xm) {
-  const int64_t groups = k / kBlock;
-  at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* src = x + i * kBlock;
-      float amax = 0.0f;
-      for (int64_t j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(src[j]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        const int32_t q = static_cast<int32_t>(std::nearbyint(src[j] * inv));
-        xq[i * kBlock + j] = static_cast<int8_t>(q);
-        sum += q;
-      }
-      xd[i] = amax / 127.0f;
-      if (xs != nullptr) xs[i] = sum;
-      if (xm != nullptr) xm[i] = xd[i] * static_cast<float>(sum);
-    }
-  });
-}
 
 std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32,
@@ -105,41 +34,15 @@ std::vector<torch::Tensor> quantize_activations(const torch::Tensor& x) {
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& d,
                       const c10::optional<torch::Tensor>& m, int64_t bits, int64_t zero_point,
                       int64_t n, const std::string& isa) {
-  TORCH_CHECK(bits == 4 || bits == 8, "bits=", bits, " is invalid: expected 4 or 8");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be 2-D float32");
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / kBlock;
-  const int64_t panels = (n + kPanel - 1) / kPanel;
-  TORCH_CHECK(k % kBlock == 0, "x has ", k, " columns: expected a multiple of 32");
-  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
-                  w.numel() == panels * groups * kPanel * kBlock * bits / 8,
-              "w must be contiguous uint8 [ceil(N / 16), K / 32, 64 * bits]");
-  const bool fp32 = d.scalar_type() == torch::kFloat32;
-  TORCH_CHECK((fp32 || d.scalar_type() == torch::kFloat16) && d.is_contiguous() &&
-                  d.numel() == panels * groups * kPanel,
-              "d must be contiguous float16 or float32 [ceil(N / 16), K / 32, 16]");
-  if (m) {
-    TORCH_CHECK(m->scalar_type() == d.scalar_type() && m->is_contiguous() &&
-                    m->numel() == d.numel(),
-                "m must be like d");
-  }
+  const Panels weight{w, d, m ? *m : torch::Tensor(), bits, zero_point, n};
+  weight.check(x.size(1));
   const Kernel kernel = kernel_for(isa);
   const torch::Tensor xc = x.contiguous();
-  auto y = torch::empty({rows, n}, xc.options());
-  if (rows == 0 || n == 0) return y;
-  std::vector<int8_t> xq(rows * k);
-  std::vector<float> xd(rows * groups);
-  std::vector<float> xm(rows * groups);
-  std::vector<int32_t> xs(rows * groups);
-  quantize_into(xc.data_ptr<float>(), rows, k, xq.data(), xd.data(), xs.data(), xm.data());
-  QGemmArgs args{rows, n, k, xq.data(), xd.data(), xm.data(), xs.data(), w.data_ptr<uint8_t>(),
-                 d.data_ptr(), m ? m->data_ptr() : nullptr, static_cast<int>(bits), fp32,
-                 static_cast<int>(zero_point), y.data_ptr<float>(), n};
-  // Enough panels per task that a task's weights (>= 16 KB) outweigh its start-up. One row reads
-  // the weights at the memory's pace on one core, and a second thread only adds its start-up
-  // (measured: 5.8 ms against 5.3 for a decode step's products); from two rows on the integer
-  // work outweighs it (five rows: 6.6 ms against 8.0).
-  const int64_t grain = rows == 1 ? panels : std::max<int64_t>(1, (16 << 10) / (kPanel * k * bits / 8));
-  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+  auto y = torch::empty({xc.size(0), n}, xc.options());
+  QuantizedRows rows;
+  rows.quantize(xc.data_ptr<float>(), xc.size(0), xc.size(1));
+  qlinear_into(rows, weight, kernel, y.data_ptr<float>(), n);
   return y;
 }
 
@@ -157,4 +60,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("tree_mask"), py::arg("scale"), py::arg("softcap"));
   module.def("qlinear", &verispec::qlinear, py::arg("x"), py::arg("w"), py::arg("d"),
              py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("isa"));
+  py::class_<verispec::DecoderStack>(module, "DecoderStack")
+      .def(py::init<const std::vector<py::dict>&, int64_t, int64_t, int64_t, int64_t, double, bool,
+                    double, double, const std::string&>(),
+           py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("intermediate"), py::arg("eps"), py::arg("gelu"), py::arg("scale"),
+           py::arg("softcap"), py::arg("isa"))
+      .def("forward", &verispec::DecoderStack::forward, py::arg("hidden"), py::arg("begin"),
+           py::arg("end"), py::arg("cos"), py::arg("sin"), py::arg("kv_caches"),
+           py::arg("slot_mapping"), py::arg("plans"))
+      .def_property_readonly("num_layers", &verispec::DecoderStack::num_layers);
 }

@@ -209,6 +209,13 @@ class _Rows:
     row_tree_start: torch.Tensor  # [R] int64 first new position of a tree row's sequence
     tree_mask: torch.Tensor  # [R, max_new] bool new positions a tree row attends (0 columns: none)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The plan as the compiled decoder layers take it (every new token a row, in order)."""
+        if self.rows is not None:
+            raise ValueError("the compiled layers attend every new token row by row")
+        return [t.contiguous() for t in (self.block_tables, self.row_seq, self.row_first,
+                                         self.row_visible, self.row_tree_start, self.tree_mask)]
+
 
 @dataclass
 class _Single:

@@ -27,6 +27,7 @@ from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_att
 from verispec.model.config import ModelConfig
 from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
 from verispec.model.quant.formats import PanelWeight, QuantizedWeight
+from verispec.model.quant.decoder import build_stack
 from verispec.model.quant.kernels import compiled_kernels
 from verispec.model.quant.linear import QuantLinear
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
@@ -181,6 +182,10 @@ class LlamaModel(nn.Module):
 
     Layers with the same rotary parameters share one set of angles per forward pass, and layers
     with the same sliding window one AttentionPlan (Gemma 2/3 alternate two of each).
+
+    compiled_layers: a quantized model runs its decoder layers as one compiled call per pass
+    (verispec.model.quant.decoder) where the compiled kernels run all its weights; False keeps
+    the torch operations of DecoderLayer (tests compare the two).
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
@@ -209,6 +214,9 @@ class LlamaModel(nn.Module):
         self.widening = widening = None if quantized else widening_for(dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, widening, quantized)
                                     for _ in range(config.num_layers))
+        self.compiled_layers = True
+        self._stack: object | None = None  # built at the first pass after weights are loaded
+        self._stack_built = False
         # Doubled, see rms_norm.
         self.norm = empty_parameter((2 * config.hidden_size,), dtype, device)
         self.lm_head: Linear | QuantLinear
@@ -228,6 +236,7 @@ class LlamaModel(nn.Module):
 
         Raises ValueError naming the first missing tensor or one of the wrong shape."""
         check_weights(self.config, weights)
+        self._stack, self._stack_built = None, False
         offset = self.config.norm_weight_offset
         with torch.no_grad():
             if self.quantized:
@@ -282,6 +291,21 @@ class LlamaModel(nn.Module):
     def embedding_is_lm_head(self) -> bool:
         """A tied quantized model's lookups read the LM head's own table (load_weights)."""
         return self.quantized and any(self.embed_quantized is part for part in self.lm_head.parts)
+
+    def _compiled_stack(self):  # -> verispec.cpu_kernels.DecoderStack | None
+        if not (self.compiled_layers and self.rowwise_attention):
+            return None
+        if not self._stack_built:
+            ropes, windows = list(self.rotaries), list(dict.fromkeys(self.layer_windows))
+            first = self.layers[0]
+            self._stack = build_stack(
+                self.layers, [ropes.index(r) for r in self.layer_ropes],
+                [windows.index(w) for w in self.layer_windows], first.heads, first.kv_heads,
+                first.head_dim, first.inter, first.eps, first.gelu,
+                self.config.head_dim ** -0.5 if first.scale is None else first.scale,
+                first.softcap)
+            self._stack_built = True
+        return self._stack
 
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products
@@ -339,11 +363,25 @@ class LlamaModel(nn.Module):
         hidden = self.embed(input_ids)
         captured: dict[int, torch.Tensor] = {}
         last = self.config.num_layers
-        for number, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches), start=1):
-            cos, sin = angles[self.layer_ropes[number - 1]]
-            hidden = layer(hidden, cos, sin, kv_cache, plans[self.layer_windows[number - 1]])
-            if number in hidden_layers and number != last:
-                captured[number] = hidden.clone()  # later layers update `hidden` in place
+        stack = self._compiled_stack()
+        if stack is not None:
+            hidden = hidden.contiguous()
+            cos = [angles[rope][0] for rope in self.rotaries]
+            sin = [angles[rope][1] for rope in self.rotaries]
+            row_plans = [plans[w].rows.tensors() for w in dict.fromkeys(self.layer_windows)]
+            start = 0
+            for number in sorted(set(hidden_layers) - {last}) + [last]:
+                stack.forward(hidden, start, number, cos, sin, kv_caches, attn.slot_mapping,
+                              row_plans)
+                if number != last:
+                    captured[number] = hidden.clone()  # later layers update `hidden` in place
+                start = number
+        else:
+            for number, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches), start=1):
+                cos, sin = angles[self.layer_ropes[number - 1]]
+                hidden = layer(hidden, cos, sin, kv_cache, plans[self.layer_windows[number - 1]])
+                if number in hidden_layers and number != last:
+                    captured[number] = hidden.clone()  # later layers update `hidden` in place
         captured[last] = hidden
         rows = rms_norm(hidden.index_select(0, logits_indices), self.norm, self.config.rms_norm_eps)
         logits = self.lm_head(rows).float()

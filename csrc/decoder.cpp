@@ -1,0 +1,277 @@
+#include "decoder.h"
+
+#include <c10/util/Half.h>
+
+#include <cmath>
+
+namespace verispec {
+namespace {
+
+namespace py = pybind11;
+
+torch::Tensor optional_tensor(const py::dict& layer, const char* key) {
+  const py::object value = layer[key];
+  return value.is_none() ? torch::Tensor() : value.cast<torch::Tensor>();
+}
+
+LinearLayer linear_of(const py::dict& layer, const char* key) {
+  const auto spec = layer[key].cast<py::tuple>();
+  LinearLayer linear;
+  for (const py::handle& item : spec[0].cast<py::list>()) {
+    const auto part = item.cast<py::tuple>();
+    linear.parts.push_back(Panels{part[0].cast<torch::Tensor>(), part[1].cast<torch::Tensor>(),
+                                  part[2].is_none() ? torch::Tensor() : part[2].cast<torch::Tensor>(),
+                                  part[3].cast<int64_t>(), part[4].cast<int64_t>(),
+                                  part[5].cast<int64_t>()});
+    linear.out += linear.parts.back().n;
+  }
+  if (!spec[1].is_none()) linear.bias = spec[1].cast<torch::Tensor>();
+  return linear;
+}
+
+void check_linear(const LinearLayer& linear, int64_t in, int64_t out, const char* name) {
+  TORCH_CHECK(linear.out == out, name, " has ", linear.out, " output columns: expected ", out);
+  for (const Panels& part : linear.parts) part.check(in);
+  TORCH_CHECK(!linear.bias.defined() || (linear.bias.scalar_type() == torch::kFloat32 &&
+                                         linear.bias.is_contiguous() && linear.bias.numel() == out),
+              name, "'s bias must be contiguous float32 [", out, "]");
+}
+
+void check_norm(const torch::Tensor& weight, int64_t width, const char* name) {
+  TORCH_CHECK(!weight.defined() || (weight.scalar_type() == torch::kFloat32 &&
+                                    weight.is_contiguous() && weight.numel() == 2 * width),
+              name, " must be contiguous float32 [", 2 * width, "]");
+}
+
+// The products of rows x (quantized once) with every part, side by side in y, plus the bias.
+void apply(const LinearLayer& linear, const QuantizedRows& x, Kernel kernel, float* y) {
+  int64_t column = 0;
+  for (const Panels& part : linear.parts) {
+    qlinear_into(x, part, kernel, y + column, linear.out);
+    column += part.n;
+  }
+  if (!linear.bias.defined()) return;
+  const float* bias = linear.bias.data_ptr<float>();
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int64_t c = 0; c < linear.out; ++c) y[r * linear.out + c] += bias[c];
+  }
+}
+
+// dst = src / sqrt(mean(src^2) + eps) * w over `width` values: the squares summed in eight
+// running sums and a fixed tree, so the result does not depend on where the row lies.
+void rms_norm_row(const float* src, float* dst, const float* w, int64_t width, float eps) {
+  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 8 <= width; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += src[i + j] * src[i + j];
+  }
+  for (int j = 0; i < width; ++i, ++j) part[j] += src[i] * src[i];
+  const float sum =
+      ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float inverse = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+  for (int64_t k = 0; k < width; ++k) dst[k] = src[k] * inverse * w[k];
+}
+
+void rms_norm_rows(const float* src, float* dst, const torch::Tensor& weight, int64_t rows,
+                   int64_t width, int64_t stride, float eps) {
+  const float* w = weight.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) rms_norm_row(src + r * stride, dst + r * stride, w, width, eps);
+}
+
+// x * cos + [x2, x1] * sin over one head (sin carries rotate_half's sign).
+void rotate_head(float* x, const float* cos, const float* sin, int64_t dim, float* scratch) {
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < dim; ++d) scratch[d] = x[d];
+  for (int64_t d = 0; d < dim; ++d) {
+    x[d] = scratch[d] * cos[d] + scratch[d < half ? d + half : d - half] * sin[d];
+  }
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+float gelu_tanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+template <typename T>
+T narrow(float value);
+template <>
+float narrow<float>(float value) { return value; }
+template <>
+c10::Half narrow<c10::Half>(float value) { return c10::Half(value); }
+
+// Keys and values of every new row into their slots: [2, blocks, block_size, kv_heads, dim].
+template <typename T>
+void write_cache(const float* qkv, int64_t width, int64_t rows, int64_t heads, int64_t kv_heads,
+                 int64_t dim, const int64_t* slots, T* cache, int64_t values_offset) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* keys = qkv + r * width + heads * dim;
+    const float* values = keys + kv_heads * dim;
+    T* key_dst = cache + slots[r] * kv_heads * dim;
+    T* value_dst = key_dst + values_offset;
+    for (int64_t i = 0; i < kv_heads * dim; ++i) {
+      key_dst[i] = narrow<T>(keys[i]);
+      value_dst[i] = narrow<T>(values[i]);
+    }
+  }
+}
+
+}  // namespace
+
+DecoderStack::DecoderStack(const std::vector<py::dict>& layers, int64_t heads, int64_t kv_heads,
+                           int64_t head_dim, int64_t intermediate, double eps, bool gelu,
+                           double scale, double softcap, const std::string& isa)
+    : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
+      eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
+      softcap_(static_cast<float>(softcap)), gelu_(gelu), kernel_(kernel_for(isa)) {
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0,
+              "heads=", heads, ", kv_heads=", kv_heads, ", head_dim=", head_dim, " are invalid");
+  for (const py::dict& layer : layers) {
+    LayerWeights w;
+    w.input_norm = optional_tensor(layer, "input_norm");
+    w.post_attention_norm = optional_tensor(layer, "post_attention_norm");
+    w.attn_out_norm = optional_tensor(layer, "attn_out_norm");
+    w.mlp_out_norm = optional_tensor(layer, "mlp_out_norm");
+    w.q_norm = optional_tensor(layer, "q_norm");
+    w.k_norm = optional_tensor(layer, "k_norm");
+    w.qkv = linear_of(layer, "qkv");
+    w.o = linear_of(layer, "o");
+    w.gate_up = linear_of(layer, "gate_up");
+    w.down = linear_of(layer, "down");
+    w.rope = layer["rope"].cast<int64_t>();
+    w.plan = layer["plan"].cast<int64_t>();
+    TORCH_CHECK(w.input_norm.defined() && w.post_attention_norm.defined(),
+                "every layer needs input_norm and post_attention_norm");
+    const int64_t hidden = w.input_norm.numel() / 2;
+    check_norm(w.input_norm, hidden, "input_norm");
+    check_norm(w.post_attention_norm, hidden, "post_attention_norm");
+    check_norm(w.attn_out_norm, hidden, "attn_out_norm");
+    check_norm(w.mlp_out_norm, hidden, "mlp_out_norm");
+    check_norm(w.q_norm, head_dim, "q_norm");
+    check_norm(w.k_norm, head_dim, "k_norm");
+    check_linear(w.qkv, hidden, (heads + 2 * kv_heads) * head_dim, "qkv");
+    check_linear(w.o, heads * head_dim, hidden, "o");
+    check_linear(w.gate_up, hidden, 2 * intermediate, "gate_up");
+    check_linear(w.down, intermediate, hidden, "down");
+    layers_.push_back(std::move(w));
+  }
+}
+
+void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
+                           const std::vector<torch::Tensor>& cos,
+                           const std::vector<torch::Tensor>& sin,
+                           const std::vector<torch::Tensor>& kv_caches,
+                           const torch::Tensor& slot_mapping,
+                           const std::vector<std::vector<torch::Tensor>>& plans) const {
+  const int64_t layers = num_layers();
+  TORCH_CHECK(0 <= begin && begin <= end && end <= layers, "layers [", begin, ", ", end,
+              ") are not within [0, ", layers, ")");
+  TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == layers, "kv_caches has ",
+              kv_caches.size(), " tensors: expected one per layer (", layers, ")");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32 &&
+                  hidden.is_contiguous(),
+              "hidden must be a contiguous [T, hidden_size] float32 tensor");
+  const int64_t rows = hidden.size(0), width = hidden.size(1);
+  const int64_t dim = head_dim_, inter = intermediate_;
+  const int64_t qkv_width = (heads_ + 2 * kv_heads_) * dim, attn_width = heads_ * dim;
+  TORCH_CHECK(cos.size() == sin.size(), "cos and sin differ in length");
+  for (size_t i = 0; i < cos.size(); ++i) {
+    for (const torch::Tensor* t : {&cos[i], &sin[i]}) {
+      TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() &&
+                      t->numel() == rows * dim,
+                  "cos and sin must be contiguous float32 [T, 1, head_dim]");
+    }
+  }
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == rows,
+              "slot_mapping must be a contiguous [T] int64 tensor");
+  std::vector<RowPlan> row_plans;
+  for (const auto& plan : plans) {
+    row_plans.push_back(RowPlan::of(plan));
+    TORCH_CHECK(plan[1].numel() == rows, "a plan covers ", plan[1].numel(), " rows: expected ",
+                rows);
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    const LayerWeights& w = layers_[i];
+    TORCH_CHECK(w.input_norm.numel() / 2 == width, "hidden has ", width,
+                " columns: the layers take ", w.input_norm.numel() / 2);
+    TORCH_CHECK(w.rope < static_cast<int64_t>(cos.size()) &&
+                    w.plan < static_cast<int64_t>(row_plans.size()),
+                "layer ", i, " needs rope ", w.rope, " and plan ", w.plan);
+    const torch::Tensor& cache = kv_caches[i];
+    TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.size(3) == kv_heads_ &&
+                    cache.size(4) == dim &&
+                    (cache.scalar_type() == torch::kHalf || cache.scalar_type() == torch::kFloat32),
+                "kv_caches[", i, "] must be contiguous [2, blocks, block_size, ", kv_heads_, ", ",
+                dim, "] float16 or float32");
+  }
+  if (rows == 0) return;
+
+  pybind11::gil_scoped_release released;
+  float* h = hidden.data_ptr<float>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  std::vector<float> x(rows * width), out(rows * width), qkv(rows * qkv_width);
+  std::vector<float> attn(rows * attn_width), gate_up(rows * 2 * inter), act(rows * inter);
+  std::vector<float> scratch(dim);
+  QuantizedRows quantized;
+
+  for (int64_t i = begin; i < end; ++i) {
+    const LayerWeights& w = layers_[i];
+    const torch::Tensor& cache = kv_caches[i];
+
+    rms_norm_rows(h, x.data(), w.input_norm, rows, width, width, eps_);
+    quantized.quantize(x.data(), rows, width);
+    apply(w.qkv, quantized, kernel_, qkv.data());
+    const float* c = cos[w.rope].data_ptr<float>();
+    const float* s = sin[w.rope].data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = qkv.data() + r * qkv_width;
+      if (w.q_norm.defined()) {
+        rms_norm_rows(row, row, w.q_norm, heads_, dim, dim, eps_);
+        rms_norm_rows(row + heads_ * dim, row + heads_ * dim, w.k_norm, kv_heads_, dim, dim, eps_);
+      }
+      for (int64_t head = 0; head < heads_ + kv_heads_; ++head) {
+        rotate_head(row + head * dim, c + r * dim, s + r * dim, dim, scratch.data());
+      }
+    }
+    const int64_t values_offset = cache.numel() / 2;
+    if (cache.scalar_type() == torch::kHalf) {
+      write_cache(qkv.data(), qkv_width, rows, heads_, kv_heads_, dim, slots,
+                  cache.data_ptr<c10::Half>(), values_offset);
+    } else {
+      write_cache(qkv.data(), qkv_width, rows, heads_, kv_heads_, dim, slots,
+                  cache.data_ptr<float>(), values_offset);
+    }
+    attend_rows(qkv.data(), qkv_width, rows, heads_, dim, cache, row_plans[w.plan], scale_,
+                softcap_, attn.data());
+    quantized.quantize(attn.data(), rows, attn_width);
+    apply(w.o, quantized, kernel_, out.data());
+    if (w.attn_out_norm.defined()) {
+      rms_norm_rows(out.data(), out.data(), w.attn_out_norm, rows, width, width, eps_);
+    }
+    for (int64_t k = 0; k < rows * width; ++k) h[k] += out[k];
+
+    rms_norm_rows(h, x.data(), w.post_attention_norm, rows, width, width, eps_);
+    quantized.quantize(x.data(), rows, width);
+    apply(w.gate_up, quantized, kernel_, gate_up.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gate = gate_up.data() + r * 2 * inter;
+      const float* up = gate + inter;
+      float* dst = act.data() + r * inter;
+      if (gelu_) {
+        for (int64_t k = 0; k < inter; ++k) dst[k] = gelu_tanh(gate[k]) * up[k];
+      } else {
+        for (int64_t k = 0; k < inter; ++k) dst[k] = silu(gate[k]) * up[k];
+      }
+    }
+    quantized.quantize(act.data(), rows, inter);
+    apply(w.down, quantized, kernel_, out.data());
+    if (w.mlp_out_norm.defined()) {
+      rms_norm_rows(out.data(), out.data(), w.mlp_out_norm, rows, width, width, eps_);
+    }
+    for (int64_t k = 0; k < rows * width; ++k) h[k] += out[k];
+  }
+}
+
+}  // namespace verispec
