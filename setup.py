@@ -32,9 +32,13 @@ def extensions() -> list:
     sources = ["csrc/binding.cpp", "csrc/attention.cpp", "csrc/qlinear.cpp", "csrc/decoder.cpp"] + [f"csrc/qgemm_{isa}.cpp"
                                       for isa in ("avx512vnni", "avxvnni", "avx2", "generic")]
     # -fopenmp: at::parallel_for runs on torch's OpenMP threads only in code compiled with it;
-    # without, every range ran on the calling thread.
+    # without, every range ran on the calling thread. -ffp-contract=off: no fused multiply-adds,
+    # so every path performs the operations written (csrc/qgemm_kernel.inc). -fno-trapping-math
+    # lets loops with a min, max or select vectorize (exp_approx); it changes no result, only
+    # whether floating-point exceptions may be raised on lanes whose values are discarded.
     return [CppExtension("verispec.cpu_kernels", sources,
-                         extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp"],
+                         extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math",
+                                             "-fopenmp"],
                          extra_link_args=["-fopenmp"])]
 
 

@@ -22,6 +22,10 @@ Kernel kernel_for(const std::string& isa);
 // The instruction sets this CPU runs, best first.
 std::vector<std::string> supported_isas();
 
+// Whether the other compiled loops (attention, float16 conversions) take their AVX2 + F16C
+// paths: the CPU has them and VERISPEC_CPU_KERNEL does not force "generic" (read once).
+bool use_avx2_f16c();
+
 // One weight in panels (verispec/model/quant/formats.py, PanelWeight).
 struct Panels {
   torch::Tensor packed;  // [ceil(N / 16), K / 32, 64 * bits] uint8
