@@ -191,7 +191,7 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
           if (cap > 0.0f) scores[k] = std::tanh(scores[k] / cap) * cap;
           best = std::fmax(best, scores[k]);
         }
-        for (int64_t k = 0; k < n; ++k) scores[k] = exp_approx(scores[k] - best);  // weights
+        exp_shifted(scores.data(), n, best);  // the weights
         float total = 0.0f;
         for (int64_t k = 0; k < n; ++k) total += scores[k];
         std::fill(acc.begin(), acc.end(), 0.0f);

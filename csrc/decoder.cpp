@@ -61,21 +61,6 @@ void apply(const LinearLayer& linear, const QuantizedRows& x, Kernel kernel, flo
   }
 }
 
-// dst = src / sqrt(mean(src^2) + eps) * w over `width` values: the squares summed in eight
-// running sums and a fixed tree, so the result does not depend on where the row lies.
-void rms_norm_row(const float* src, float* dst, const float* w, int64_t width, float eps) {
-  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  int64_t i = 0;
-  for (; i + 8 <= width; i += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += src[i + j] * src[i + j];
-  }
-  for (int j = 0; i < width; ++i, ++j) part[j] += src[i] * src[i];
-  const float sum =
-      ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  const float inverse = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
-  for (int64_t k = 0; k < width; ++k) dst[k] = src[k] * inverse * w[k];
-}
-
 void rms_norm_rows(const float* src, float* dst, const torch::Tensor& weight, int64_t rows,
                    int64_t width, int64_t stride, float eps) {
   const float* w = weight.data_ptr<float>();
@@ -89,13 +74,6 @@ void rotate_head(float* x, const float* cos, const float* sin, int64_t dim, floa
   for (int64_t d = 0; d < dim; ++d) {
     x[d] = scratch[d] * cos[d] + scratch[d < half ? d + half : d - half] * sin[d];
   }
-}
-
-float silu(float x) { return x / (1.0f + exp_approx(-x)); }
-
-float gelu_tanh(float x) {
-  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(inner));
 }
 
 // src as float16, rounded to nearest even (c10::Half, or F16C eight at a time: the same bits).
@@ -270,11 +248,7 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
       const float* gate = gate_up.data() + r * 2 * inter;
       const float* up = gate + inter;
       float* dst = act.data() + r * inter;
-      if (gelu_) {
-        for (int64_t k = 0; k < inter; ++k) dst[k] = gelu_tanh(gate[k]) * up[k];
-      } else {
-        for (int64_t k = 0; k < inter; ++k) dst[k] = silu(gate[k]) * up[k];
-      }
+      (gelu_ ? gelu_mul : silu_mul)(gate, up, dst, inter);
     }
     quantized.quantize(act.data(), rows, inter);
     apply(w.down, quantized, kernel_, out.data());

@@ -1,4 +1,5 @@
 #include "qlinear.h"
+#include "vecmath.h"
 
 #include <ATen/Parallel.h>
 
@@ -76,49 +77,44 @@ void Panels::check(int64_t k) const {
   }
 }
 
-namespace {
-
-// One block of 32 (quantize_into). Written without branches or library calls, so the compiler
-// vectorizes it: the maximum is taken in eight lanes (exact in any order; NaN is ignored, as
-// fmax does), and adding and subtracting 1.5 * 2^23 rounds a value of magnitude <= 127 to an
-// integer, ties to even, as nearbyint (and torch.round) do.
-inline void quantize_block(const float* __restrict src, int8_t* __restrict xq, float* xd,
-                           int32_t* sum) {
-  float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t j = 0; j < kBlock; j += 8) {
-    for (int l = 0; l < 8; ++l) {
-      const float magnitude = std::fabs(src[j + l]);
-      lanes[l] = lanes[l] < magnitude ? magnitude : lanes[l];
+// Blocks [begin, end) of 32 (quantize_into). Written without branches or library calls, so
+// the compiler vectorizes them: the maximum is taken in eight lanes (exact in any order; NaN is
+// ignored, as fmax does), and adding and subtracting 1.5 * 2^23 rounds a value of magnitude
+// <= 127 to an integer, ties to even, as nearbyint (and torch.round) do.
+VS_CLONES void quantize_blocks(const float* __restrict x, int64_t begin, int64_t end,
+                               int8_t* __restrict xq, float* __restrict xd, int32_t* xs,
+                               float* xm) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float* src = x + i * kBlock;
+    float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j = 0; j < kBlock; j += 8) {
+      for (int l = 0; l < 8; ++l) {
+        const float magnitude = std::fabs(src[j + l]);
+        lanes[l] = lanes[l] < magnitude ? magnitude : lanes[l];
+      }
     }
+    float amax = 0.0f;
+    for (int l = 0; l < 8; ++l) amax = amax < lanes[l] ? lanes[l] : amax;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t q[kBlock];
+    for (int64_t j = 0; j < kBlock; ++j) {
+      q[j] = static_cast<int32_t>((src[j] * inv + 12582912.0f) - 12582912.0f);
+    }
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      xq[i * kBlock + j] = static_cast<int8_t>(q[j]);
+      sum += q[j];
+    }
+    xd[i] = amax / 127.0f;
+    if (xs != nullptr) xs[i] = sum;
+    if (xm != nullptr) xm[i] = xd[i] * static_cast<float>(sum);
   }
-  float amax = 0.0f;
-  for (int l = 0; l < 8; ++l) amax = amax < lanes[l] ? lanes[l] : amax;
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  int32_t q[kBlock];
-  for (int64_t j = 0; j < kBlock; ++j) {
-    q[j] = static_cast<int32_t>((src[j] * inv + 12582912.0f) - 12582912.0f);
-  }
-  int32_t total = 0;
-  for (int64_t j = 0; j < kBlock; ++j) {
-    xq[j] = static_cast<int8_t>(q[j]);
-    total += q[j];
-  }
-  *xd = amax / 127.0f;
-  *sum = total;
 }
-
-}  // namespace
 
 void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xd, int32_t* xs,
                    float* xm) {
-  const int64_t groups = k / kBlock;
-  at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      int32_t sum;
-      quantize_block(x + i * kBlock, xq + i * kBlock, xd + i, &sum);
-      if (xs != nullptr) xs[i] = sum;
-      if (xm != nullptr) xm[i] = xd[i] * static_cast<float>(sum);
-    }
+  at::parallel_for(0, rows * (k / kBlock), 256, [&](int64_t begin, int64_t end) {
+    quantize_blocks(x, begin, end, xq, xd, xs, xm);
   });
 }
 

@@ -1,5 +1,9 @@
-// exp(x) for float32 as plain arithmetic (no libm call), so that loops over it vectorize: the
-// row-by-row attention's softmax weights and the decoder's SiLU take one per value. Each call
+// Elementwise loops of the decoder layers and the attention, compiled once per instruction set
+// (vecmath.cpp: AVX-512, AVX2 and the baseline, chosen when the library loads), and the exp they
+// are built on.
+//
+// exp_approx: exp(x) for float32 as plain arithmetic (no libm call), so that loops over it
+// vectorize: the row-by-row attention's softmax weights and the decoder's SiLU take one per value. Each call
 // performs the same IEEE operations in the same order whatever the instruction set the loop is
 // compiled for (the extension is built with -ffp-contract=off: no fused multiply-adds), so
 // results do not depend on the path or on a row's neighbours. Within 1 ulp of exp for
@@ -10,6 +14,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+// A function compiled for AVX-512, AVX2 and the baseline, the variant picked when the library
+// loads. Each performs the same IEEE operations per element (no fused multiply-adds:
+// -ffp-contract=off), so results are the same on every CPU.
+#define VS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 namespace verispec {
 
@@ -32,5 +41,18 @@ inline float exp_approx(float x) {
   std::memcpy(&scale, &bits, sizeof(scale));
   return y * scale;
 }
+
+// dst[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
+void silu_mul(const float* gate, const float* up, float* dst, int64_t n);
+
+// dst[i] = gelu_tanh(gate[i]) * up[i], GELU's tanh form (Gemma's GeGLU).
+void gelu_mul(const float* gate, const float* up, float* dst, int64_t n);
+
+// x[i] = exp(x[i] - shift).
+void exp_shifted(float* x, int64_t n, float shift);
+
+// dst = src / sqrt(mean(src^2) + eps) * w over `width` values (dst may be src): the squares
+// summed in eight running sums (sum j takes elements i = j mod 8) and a fixed tree.
+void rms_norm_row(const float* src, float* dst, const float* w, int64_t width, float eps);
 
 }  // namespace verispec

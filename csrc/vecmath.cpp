@@ -1,0 +1,41 @@
+#include "vecmath.h"
+
+#include <cmath>
+
+namespace verispec {
+
+VS_CLONES void silu_mul(const float* __restrict gate, const float* __restrict up,
+                        float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+}
+
+VS_CLONES void gelu_mul(const float* __restrict gate, const float* __restrict up,
+                        float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    // tanh(u) = 1 - 2 / (exp(2u) + 1), exact at the clamps' ends (+-1).
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    const float tanh_u = 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f);
+    dst[i] = 0.5f * x * (1.0f + tanh_u) * up[i];
+  }
+}
+
+VS_CLONES void exp_shifted(float* __restrict x, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_approx(x[i] - shift);
+}
+
+VS_CLONES void rms_norm_row(const float* src, float* dst, const float* w, int64_t width,
+                            float eps) {
+  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 8 <= width; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += src[i + j] * src[i + j];
+  }
+  for (int j = 0; i < width; ++i, ++j) part[j] += src[i] * src[i];
+  const float sum =
+      ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float inverse = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+  for (int64_t k = 0; k < width; ++k) dst[k] = src[k] * inverse * w[k];
+}
+
+}  // namespace verispec
