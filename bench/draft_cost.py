@@ -3,7 +3,7 @@
 Runs the engine with each drafter at a fixed K (1..4) and batch 1 and `--batch`, greedy, and
 times every target forward pass and every drafter call. a and the row cost come from the target
 passes of the same run (a pass over R rows: a + b * padded rows, least squares; row_cost =
-b / a, what SpeculativeConfig.row_cost should be), so slowness of the machine (a job beside it)
+b / a, what LlamaModel.row_cost should be), so slowness of the machine (a job beside it)
 cancels out of the ratios. Prints, per drafter, the median cost of a call in
 units of a by (depth, drafting requests) and the least-squares DraftCost fit, the numbers the
 drafters declare (Drafter.draft_cost), and the fitted row cost.
@@ -25,7 +25,6 @@ from common import write_json
 from drafters import chat_ids, load
 
 from verispec import SamplingParams
-from verispec.config import SpeculativeConfig
 from verispec.engine.llm import LLM
 
 
@@ -107,7 +106,7 @@ def main() -> None:
         y = torch.tensor([statistics.median(cells[key]) for key in keys], dtype=torch.float64)
         fit = torch.linalg.lstsq(x, y[:, None]).solution[:, 0].clamp(min=0).tolist()
         print(f"{name}: a = {1000 * a:.1f} ms, row_cost = {row_cost:.3f} "
-              f"(SpeculativeConfig.row_cost: {SpeculativeConfig.row_cost}); DraftCost(per_call={fit[0]:.4f}, per_request={fit[1]:.4f}, "
+              f"(LlamaModel.row_cost: {llm.model.row_cost}); DraftCost(per_call={fit[0]:.4f}, per_request={fit[1]:.4f}, "
               f"per_position={fit[2]:.4f}, per_row={fit[3]:.4f})")
         for key, value in zip(keys, y.tolist()):
             print(f"  depth {key[0]} requests {key[1]:>2}: {value:.4f} a  ({len(cells[key])} calls)")

@@ -150,7 +150,8 @@ class SpeculativeConfig:
         the same cost model (spec_decode/adaptive.py's TreeGate); off: always num_speculative_tokens
         (every tree node).
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
-        pass's fixed cost (about 0.1 for the default model on CPU).
+        pass's fixed cost; None takes the target's own (LlamaModel.row_cost: 0.1 for float
+        weights, 0.3 for quantized ones, whose one-row pass is memory-bound and cheap).
     draft_cost: for `adaptive`, what drafting costs relative to the same fixed cost (a
         DraftCost); None takes the drafter's own declaration (Drafter.draft_cost).
     verification: how drafts are verified, both exact: "token" (accept draft by draft, stop at
@@ -170,7 +171,7 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 3
     adaptive: bool = True
-    row_cost: float = 0.1
+    row_cost: float | None = None
     draft_cost: DraftCost | None = None
     verification: str = "token"
     tree: TreeShape | None = None
@@ -188,8 +189,8 @@ class SpeculativeConfig:
         _positive_int("ngram_min", self.ngram_min)
         _require(isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min, "ngram_max",
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
-        _require(isinstance(self.row_cost, (int, float)) and self.row_cost > 0,
-                 "row_cost", self.row_cost, "a number > 0")
+        _require(self.row_cost is None or isinstance(self.row_cost, (int, float)) and self.row_cost > 0,
+                 "row_cost", self.row_cost, "a number > 0 or None")
         if self.draft_cost is not None and not isinstance(self.draft_cost, DraftCost):
             raise TypeError(f"draft_cost={self.draft_cost!r} is a {type(self.draft_cost).__name__}: "
                             "expected a DraftCost or None")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from verispec import SamplingParams
+from verispec import LLM, SamplingParams
 from verispec.config import CacheConfig, DraftCost, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.spec_decode.draft_model import DraftModelDrafter, draft_model_cost
-from verispec.spec_decode.ngram import NgramDrafter
+from verispec.spec_decode.eagle import EAGLE_COST, EAGLE_COST_QUANTIZED
+from verispec.spec_decode.ngram import NGRAM_COST, NGRAM_COST_QUANTIZED, NgramDrafter
 
 from ..tiny import run_all, tiny_model, word_tokenizer
 
@@ -77,3 +78,22 @@ def test_draft_model_cost_is_the_ratio_of_weight_bytes() -> None:
     # An int4 copy: 4-bit blocks (with float16 scales and minimums) against float32 weights.
     int4 = tiny_model(seed=0, hidden=32, quantization=(4, 32))
     assert 0.1 < draft_model_cost(int4, big, row_cost=0.1).per_position < 0.35
+
+
+def test_the_cost_model_follows_the_targets_weights(target) -> None:
+    """A quantized target's step is several times cheaper than a float one's, so an extra row
+    and a drafter's call cost more of it: the engine prices both by the target's kind, unless
+    SpeculativeConfig says otherwise."""
+    quantized = LLM(draft="ngram+eagle", progress=False)
+    wide = LLM(draft="ngram+eagle", dtype="float32", progress=False)
+    for llm, row_cost, costs in ((quantized, 0.3, (NGRAM_COST_QUANTIZED, EAGLE_COST_QUANTIZED)),
+                                 (wide, 0.1, (NGRAM_COST, EAGLE_COST))):
+        engine = llm.engine
+        assert engine.model.row_cost == row_cost and engine.adaptive.row_cost == row_cost
+        assert (engine.drafter.lookup.cost, engine.drafter.learned.cost) == costs
+        assert engine.drafter.draft_cost(2, 3) == costs[0](2, 3) + costs[1](2, 3)
+    config = EngineConfig(max_model_len=512, cache=CacheConfig(4, 256),
+                          speculative=SpeculativeConfig(method="ngram", row_cost=0.7))
+    assert LLMEngine(target, word_tokenizer(), config, NgramDrafter()).adaptive.row_cost == 0.7
+    with pytest.raises(ValueError, match="row_cost=0 is invalid: expected a number > 0 or None"):
+        SpeculativeConfig(method="ngram", row_cost=0)

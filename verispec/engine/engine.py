@@ -147,10 +147,11 @@ class LLMEngine:
         self.adaptive: AdaptiveK | TreeGate | None = None
         if drafter is not None and spec.adaptive:
             cost = spec.draft_cost or drafter.draft_cost
-            self.adaptive = AdaptiveK(spec.num_speculative_tokens, spec.row_cost, draft_cost=cost) \
+            row_cost = model.row_cost if spec.row_cost is None else spec.row_cost
+            self.adaptive = AdaptiveK(spec.num_speculative_tokens, row_cost, draft_cost=cost) \
                 if self.tree is None else \
                 TreeGate(spec.num_draft_tokens, min(len(branching(self.tree)), spec.num_draft_tokens),
-                         spec.row_cost, draft_cost=cost)
+                         row_cost, draft_cost=cost)
         # Every chain hash starts from the model, its dtype and whether its weights are
         # quantized: a block's keys and values are a function of these and the token prefix alone.
         root = identity_key("target", type(model).__name__, model.config, model.dtype, model.quantized) \

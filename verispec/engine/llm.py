@@ -28,11 +28,11 @@ from ..model.quant.linear import quantize_linears_
 from ..sampling_params import SamplingParams
 from ..spec_decode.base import Drafter
 from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
-from ..spec_decode.eagle import EagleDrafter
+from ..spec_decode.eagle import EAGLE_COST, EAGLE_COST_QUANTIZED, EagleDrafter
 from ..spec_decode.heads import KINDS, head_config, load_head, shipped_head
 from ..spec_decode.hybrid import HybridDrafter
-from ..spec_decode.medusa import MedusaDrafter
-from ..spec_decode.ngram import NgramDrafter
+from ..spec_decode.medusa import MEDUSA_COST, MEDUSA_COST_QUANTIZED, MedusaDrafter
+from ..spec_decode.ngram import NGRAM_COST, NGRAM_COST_QUANTIZED, NgramDrafter
 from .engine import LLMEngine, PreparedRequest, RequestOutput
 
 HYBRID = "ngram+"  # a `draft` prefix: prompt lookup first, the named head otherwise (spec_decode/hybrid.py)
@@ -117,7 +117,10 @@ def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks:
                          f"--kind {kind} --model ...` and pass its file as draft") from None
     if model.quantized:  # int8 products, as the target's own run (quantize_linears_)
         quantize_linears_(head, bits=8)
-    return EagleDrafter(head, num_blocks, block_size, prefix_caching) if kind == "eagle" else MedusaDrafter(head)
+    if kind == "eagle":
+        return EagleDrafter(head, num_blocks, block_size, prefix_caching,
+                            EAGLE_COST_QUANTIZED if model.quantized else EAGLE_COST)
+    return MedusaDrafter(head, MEDUSA_COST_QUANTIZED if model.quantized else MEDUSA_COST)
 
 
 def kv_blocks_for(model: LlamaModel, memory_gib: float, block_size: int) -> int:
@@ -208,8 +211,9 @@ class LLM:
             raise ValueError(f"max_model_len={max_model_len!r} is invalid: expected at most {positions}, "
                              "the model's max_position_embeddings")
         drafter: Drafter | None = None
+        lookup_cost = NGRAM_COST_QUANTIZED if self.model.quantized else NGRAM_COST
         if method == "ngram":
-            drafter = NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens)
+            drafter = NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens, lookup_cost)
         elif method == "draft_model":
             self_draft = _self_draft(str(draft))
             if self_draft is not None:  # the target's own weights, quantized at load
@@ -223,14 +227,15 @@ class LLM:
                     f"{self.model.config.vocab_size}, the target's (draft and target must share a tokenizer)"
                 )
             drafter = DraftModelDrafter(draft_model, kv_blocks_for(draft_model, kv_cache_gib, block_size), block_size,
-                                        draft_model_cost(draft_model, self.model, spec.row_cost))
+                                        draft_model_cost(draft_model, self.model, self.model.row_cost
+                                                         if spec.row_cost is None else spec.row_cost))
         elif method in LEARNED_METHODS:
             drafter = _learned_drafter(method.removeprefix(HYBRID), draft_path, self.model,
                                        kv_blocks_for(self.model, kv_cache_gib, block_size), block_size,
                                        enable_prefix_caching)
             if method.startswith(HYBRID):
-                drafter = HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens),
-                                        drafter)
+                drafter = HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens,
+                                                     lookup_cost), drafter)
         config = dataclasses.replace(
             limits,
             max_model_len=min(positions, 8192) if max_model_len is None else max_model_len,

@@ -307,6 +307,15 @@ class LlamaModel(nn.Module):
             self._stack_built = True
         return self._stack
 
+    @property
+    def row_cost(self) -> float:
+        """What one more row costs a forward pass, relative to the pass's fixed cost (the
+        adaptive K's default, SpeculativeConfig.row_cost). Measured with bench/draft_cost.py on
+        the embedded model, 2 threads: 0.1 with float32 weights; 0.3 with its 4-bit blocks, whose
+        one-row pass reads the weights at the memory's pace and each extra row adds its integer
+        products and its attention."""
+        return 0.3 if self.quantized else 0.1
+
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products
         pad rows to the counts BLAS runs fastest (verispec.model.linear)."""

@@ -52,17 +52,21 @@ from .trees import GrownTree, TreeBatch, TreeShape
 
 # One head pass per draft position (the first also feeds the newly confirmed features): the
 # EAGLE layer and the restricted LM head, 0.09 of the target step's fixed cost, plus 0.011 per
-# drafting request (the embedded model on CPU, measured with bench/draft_cost.py).
+# drafting request (the embedded model on CPU, measured with bench/draft_cost.py). Against the
+# 4-bit target's step, about 8x cheaper, the int8 head's passes and their Python cost more.
 EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
+EAGLE_COST_QUANTIZED = DraftCost(per_call=0.33, per_request=0.037, per_position=0.14, per_row=0.046)
 
 
 class EagleDrafter(Drafter):
     """prefix_caching: keep the head's own prefix cache (module docstring); off, the target
-    computes every prompt token of a request this drafter serves. One drafter serves one target."""
+    computes every prompt token of a request this drafter serves. One drafter serves one target.
+    cost: what a call costs relative to the target's step (EAGLE_COST for a float target,
+    EAGLE_COST_QUANTIZED for a quantized one)."""
 
     def __init__(self, head: EagleHead, num_blocks: int = 1024, block_size: int = 16,
-                 prefix_caching: bool = True) -> None:
-        self.head = head
+                 prefix_caching: bool = True, cost: DraftCost = EAGLE_COST) -> None:
+        self.head, self.cost = head, cost
         self.hidden_layers = head.config.hidden_layers
         identity = identity_key("eagle", head.config, next(head.parameters()).dtype) if prefix_caching else None
         self.blocks = BlockManager(num_blocks, block_size, prefix_root=identity)
@@ -72,7 +76,7 @@ class EagleDrafter(Drafter):
         self._hashes: dict[str, list[bytes]] = {}  # per request, the chain of its head blocks
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
-        return EAGLE_COST(depth, num_requests)
+        return self.cost(depth, num_requests)
 
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)

@@ -27,17 +27,22 @@ from .trees import GrownTree, TreeBatch, TreeShape
 # target's 49152 rows), over depth rows per request, plus each request's features and sampling
 # metadata. The embedded model on CPU, in units of the target step's fixed cost (measured with
 # bench/draft_cost.py): 0.05 for one request at depth 1, 0.07 at depth 4, 0.21 for 12 at depth 4.
+# Against the 4-bit target's step: 0.25 for one request at depth 1, 0.31 at depth 4.
 MEDUSA_COST = DraftCost(per_call=0.037, per_request=0.0046, per_position=0.0047, per_row=0.0021)
+MEDUSA_COST_QUANTIZED = DraftCost(per_call=0.25, per_request=0.004, per_position=0.003, per_row=0.011)
 
 
 class MedusaDrafter(Drafter):
-    def __init__(self, heads: MedusaHeads) -> None:
-        self.heads = heads
+    """cost: what a call costs relative to the target's step (MEDUSA_COST for a float target,
+    MEDUSA_COST_QUANTIZED for a quantized one)."""
+
+    def __init__(self, heads: MedusaHeads, cost: DraftCost = MEDUSA_COST) -> None:
+        self.heads, self.cost = heads, cost
         self.hidden_layers = heads.config.hidden_layers
         self.store = FeatureStore()
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
-        return MEDUSA_COST(min(depth, len(self.heads.blocks)), num_requests)
+        return self.cost(min(depth, len(self.heads.blocks)), num_requests)
 
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, d]
         self.store.observe(fed, hidden)

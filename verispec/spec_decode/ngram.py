@@ -157,8 +157,10 @@ def propose_ngram_tree(
 
 
 # A lookup in numpy per request: about 0.2% of the target step's fixed cost per call, 0.03% per
-# request (the embedded model on CPU, measured with bench/draft_cost.py).
+# request (the embedded model on CPU, measured with bench/draft_cost.py); the same time is 3% of
+# the 4-bit target's step.
 NGRAM_COST = DraftCost(per_call=0.002, per_request=0.0003)
+NGRAM_COST_QUANTIZED = DraftCost(per_call=0.03, per_request=0.0035)
 
 
 class NgramDrafter(Drafter):
@@ -167,9 +169,13 @@ class NgramDrafter(Drafter):
     min_n, max_n: the shortest and longest suffix lengths (n-grams) to match, 1 <= min_n <= max_n.
     num_speculative_tokens: the most tokens proposed per request per step; a request's own
         ``num_draft_tokens`` may ask for fewer.
+    cost: what a call costs relative to the target's step (NGRAM_COST for a float target,
+        NGRAM_COST_QUANTIZED for a quantized one).
     """
 
-    def __init__(self, min_n: int = 1, max_n: int = 3, num_speculative_tokens: int = 5) -> None:
+    def __init__(self, min_n: int = 1, max_n: int = 3, num_speculative_tokens: int = 5,
+                 cost: DraftCost = NGRAM_COST) -> None:
+        self.cost = cost
         self.min_n = _check_positive("min_n", min_n)
         self.max_n = _check_positive("max_n", max_n)
         if max_n < min_n:
@@ -180,7 +186,7 @@ class NgramDrafter(Drafter):
         self._buffers: dict[str, _TokenBuffer] = {}
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
-        return NGRAM_COST(depth, num_requests)
+        return self.cost(depth, num_requests)
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         return DraftBatch(token_ids=[self._propose_one(r) for r in requests], probs=None)
