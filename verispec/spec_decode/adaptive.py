@@ -3,10 +3,12 @@
 Cost model: a step over R rows costs a + b·R (a fixed part: weights read, launches, Python; b
 per row), plus a·D(depth, n) when n requests draft, the deepest `depth` tokens: what the drafter
 declares its call costs (Drafter.draft_cost, verispec.config.DraftCost; 0 for a free drafter,
-about 0.07 for a Medusa call, 0.09 per draft position for EAGLE on the default model on CPU).
+about 0.07 for a Medusa call, 0.09 per draft position for EAGLE on the float32 embedded model on
+CPU; several times more against its 4-bit step, which is that much cheaper).
 With B running requests, giving each k more rows costs (1 + c·k + d(k)) times the step, where
-c = B·r / (1 + B·r), r = b / a is `row_cost` (about 0.1 for the default model on CPU: a
-speculated token is nearly free alone, and nearly a full step at batch 16), and
+c = B·r / (1 + B·r), r = b / a is `row_cost` (the target's own, LlamaModel.row_cost: 0.1 for
+float32 weights on CPU, where a speculated token is nearly free alone and nearly a full step at
+batch 16; 0.3 for 4-bit blocks, whose one-row step only reads the weights), and
 d(k) = D(k, B) / (1 + B·r). Each draft is accepted with probability alpha; tokens per unit of
 time are E(alpha, k) / (1 + c·k + d(k)), with E the expected emitted tokens per step
 (metrics.expected_emitted_tokens); K is its argmax over 0..max_k. A drafter that costs more
