@@ -45,6 +45,8 @@ ENGINES = {
     "verispec 4-bit, lookup + EAGLE": ("verispec", dict(dtype="auto", draft="ngram+eagle")),
     "verispec float32, no drafts": ("verispec", dict(dtype="float32", draft="none")),
     "verispec float32, int4 self-draft": ("verispec", dict(dtype="float32", draft="int4")),
+    "verispec float32, int4 self-draft K=5": ("verispec", dict(dtype="float32", draft="int4",
+                                                               adaptive=False)),
     "llama.cpp": ("llama.cpp", dict(lookup=False)),
     "llama.cpp, prompt lookup": ("llama.cpp", dict(lookup=True)),
     "HF transformers float32": ("hf", {}),
@@ -78,13 +80,15 @@ def _verispec(options: dict, prompts: list[list[int]], max_tokens: int, started:
     startup = time.perf_counter() - started
     out = {"startup_s": startup}
     for name, params in (("greedy", greedy), ("sampled", sampled)):
-        tokens, seconds = 0, 0.0
+        tokens, steps, seconds = 0, 0, 0.0
         for ids in prompts:
             start = time.perf_counter()
             result = llm.generate([ids], params, use_tqdm=False)[0]
             seconds += time.perf_counter() - start
             tokens += len(result.token_ids)
+            steps += result.stats.num_steps
         out[name] = tokens / seconds
+        out[f"{name}_tokens_per_step"] = tokens / steps
     out["rss_batch1_mib"] = _peak_rss_mib()  # before batch 16's KV cache (llama.cpp's rows have no batch 16)
     batch = [ids for ids in prompts for _ in range(4)]
     start = time.perf_counter()
@@ -355,12 +359,13 @@ def main() -> None:
         rows.append(row)
     base = next((r for r in rows if r["engine"] == "llama.cpp"), None)
     print(f"\n{'engine':36s} {'greedy tok/s':>12s} {'vs llama.cpp':>12s} {'sampled':>8s} "
-          f"{'batch 16':>9s} {'RSS b1':>7s} {'RSS MiB':>8s} {'start s':>8s}")
+          f"{'batch 16':>9s} {'RSS b1':>7s} {'RSS MiB':>8s} {'start s':>8s} {'tok/step':>8s}")
     for row in rows:
         ratio = row["greedy"] / base["greedy"] if base else float("nan")
         print(f"{row['engine']:36s} {row['greedy']:12.1f} {ratio:11.2f}x "
               f"{row.get('sampled', float('nan')):8.1f} {row.get('batch16', float('nan')):9.1f} "
-              f"{row['rss_batch1_mib']:7.0f} {row['peak_rss_mib']:8.0f} {row['startup_s']:8.2f}")
+              f"{row['rss_batch1_mib']:7.0f} {row['peak_rss_mib']:8.0f} {row['startup_s']:8.2f} "
+              f"{row.get('greedy_tokens_per_step', float('nan')):8.2f}")
     from common import write_json
 
     write_json(args.out, torch.device("cpu"), rows, kernels=kernels, max_tokens=args.max_tokens,
