@@ -3,14 +3,20 @@ the same weights as the widened float32 model, close logits, and speculation on 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from verispec import LLM, SamplingParams
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
-from verispec.model.attention import AttentionMetadata
 from verispec.model import load_model
+from verispec.model.attention import AttentionMetadata
+from verispec.model.quant.kernels import default_kernel
 
 TEXT = ("<|im_start|>user\nExplain how a rainbow forms, for a child.<|im_end|>\n<|im_start|>"
         "assistant\nA rainbow forms when sunlight passes through raindrops. The light bends, "
@@ -147,3 +153,23 @@ def test_compiled_layers_give_the_torch_layers_logits_and_hidden_states(stored) 
     # Measured: top-1 agreement 0.91, KL 0.004: as far apart as either is from the widened
     # float32 model (test above), where int8 activations are the only difference.
     assert (logits.argmax(-1) == torch_logits.argmax(-1)).float().mean() >= 0.8 and kl < 0.02
+
+
+def test_the_portable_compiled_layers_give_the_same_logits_bit_for_bit(stored, tmp_path) -> None:
+    """VERISPEC_CPU_KERNEL=generic (read once per process) runs the compiled layers with the
+    scalar products, the portable attention and float16 conversions: every path performs the
+    same operations, so the logits are those of the fastest path, bit for bit."""
+    model, tokenizer = stored
+    if model._compiled_stack() is None or default_kernel() == "generic":
+        pytest.skip("no compiled kernels, or the portable ones are the only ones here")
+    ids = tokenizer.encode(TEXT)[:12]
+    out = tmp_path / "portable.pt"
+    script = ("import sys, torch; sys.path.insert(0, '.'); "
+              "from tests.model.test_quant_model import _logits; "
+              "from verispec.model import load_model; "
+              "model, _ = load_model(quantization='gguf', progress=False); "
+              f"torch.save(_logits(model, {ids!r}), sys.argv[1])")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", script, str(out)], check=True, timeout=300, cwd=root,
+                   env=dict(os.environ, VERISPEC_CPU_KERNEL="generic"))
+    assert torch.equal(torch.load(out), _logits(model, ids))
