@@ -1,4 +1,5 @@
-"""Files written so that a reader never sees half of one: to a temporary name, then renamed."""
+"""Files written so that a reader never sees half of one: to a temporary name, then renamed; and
+where verispec keeps what it computes once (converted checkpoints, measurements)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,8 @@ def check_writable(path: str | os.PathLike[str], what: str) -> None:
             pass
     except OSError as error:
         raise ValueError(f"{what}={str(path)!r} cannot be written: {error.strerror or error}") from None
+
+
+def cache_dir() -> Path:
+    """$VERISPEC_CACHE_DIR, default ~/.cache/verispec."""
+    return Path(os.environ.get("VERISPEC_CACHE_DIR") or Path.home() / ".cache" / "verispec")

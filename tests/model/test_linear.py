@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from verispec.model import linear as linear_module
 from verispec.model.linear import Linear, WideningBuffer, skinny_rows, widening_for
+from verispec.model.product_choice import ROW_COUNTS, ProductChoice
 
 CPU = torch.device("cpu")
 
@@ -32,10 +33,18 @@ def test_widened_bf16_products_are_float32_products_rounded_to_bf16(monkeypatch,
     assert ((out.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
 
 
+def choose(monkeypatch, skinny: bool) -> None:
+    """This machine's float32 choice, forced: the skinny product at every row count, or never."""
+    monkeypatch.setattr(linear_module, "fp32_choice",
+                        lambda *shape: ProductChoice((skinny,) * len(ROW_COUNTS)))
+
+
+@pytest.mark.parametrize("skinny", [True, False], ids=["skinny", "linear"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 10, 15, 16, 17, 33, 64, 65])
-def test_float32_products_match_f_linear(rows) -> None:
+def test_float32_products_match_f_linear(monkeypatch, rows, skinny) -> None:
+    choose(monkeypatch, skinny)
     layer = make_linear(torch.float32, None)
-    assert layer.skinny
+    assert layer.cpu_fp32 and linear_module.uses_skinny(rows, (10, 16)) == (skinny and rows <= 64)
     x = torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows))
     out = layer(x)
     assert out.is_contiguous()
@@ -67,10 +76,13 @@ def test_widening_only_for_bf16_on_cpus_without_bf16_arithmetic(monkeypatch) -> 
     assert widening_for(torch.bfloat16, CPU) is None
 
 
-def test_cost_rows_follow_the_padding_of_each_strategy() -> None:
+def test_cost_rows_follow_the_padding_of_each_strategy(monkeypatch) -> None:
+    choose(monkeypatch, True)
     skinny = make_linear(torch.float32, None)
     widened = make_linear(torch.bfloat16, WideningBuffer(CPU))
     native = make_linear(torch.bfloat16, None)
     assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [2, 4, 7, 32, 65]
     assert [widened.cost_rows(r) for r in (1, 3, 17)] == [1, 4, 32]  # one row: the bf16 product
     assert [native.cost_rows(r) for r in (1, 3, 17)] == [1, 3, 17]
+    choose(monkeypatch, False)  # a machine where F.linear wins: no padding
+    assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [1, 3, 7, 17, 65]

@@ -5,7 +5,9 @@ Measured on 2 AVX2 cores with SmolLM2's shapes (torch 2.13, MKL and oneDNN):
   x @ W^T, at a cost far from linear in the rows: the products of 30 layers take 27 ms for 1 row,
   2 rows 21, 4 rows 20, 6 rows 34, 12 rows 58, 15 rows 93, 16 rows 43, 31 rows 109, 32 rows 59.
   Inputs are therefore padded with zero rows: 1 row to 2, 3 to 4, above 9 rows to a multiple
-  of 16 (`skinny_rows`), within 8% of the best padding at every row count up to 64.
+  of 16 (`skinny_rows`), within 8% of the best padding at every row count up to 64. On an
+  Intel Xeon the skinny product was 2.8-3.9x slower than F.linear at 1-2 rows instead, so each
+  machine's choice per row count is measured once and cached (verispec.model.product_choice).
 - bfloat16 on a CPU without bf16 arithmetic (no AVX512-BF16 / AMX): one row reads the weight at
   the bandwidth (half float32's bytes), but oneDNN's emulated product costs about one such pass
   per row (16 rows: 4.5x float32, a 96-token prefill chunk 7x). From two rows on, the weight
@@ -15,11 +17,16 @@ Measured on 2 AVX2 cores with SmolLM2's shapes (torch 2.13, MKL and oneDNN):
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Up to this many rows, CPU float32 products take the skinny path.
+from verispec.model.product_choice import ProductChoice, product_choice
+
+# Up to this many rows, CPU float32 products may take the skinny path (where it is faster).
 SKINNY_MAX_ROWS = 64
 # Weight elements widened at a time: 8 MB of float32, which stays in cache for the multiply.
 WIDEN_CHUNK_ELEMENTS = 1 << 21
@@ -52,14 +59,13 @@ class WideningBuffer:
         return self._buffer[:numel].view(weight.shape).copy_(weight)
 
 
-def _cpu_fp32_product(
+def skinny_product(
     weight: torch.Tensor,  # [N, in] float32
-    x: torch.Tensor,  # [T, in] float32
+    x: torch.Tensor,  # [T, in] float32, T <= SKINNY_MAX_ROWS
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [T, N] in dtype, contiguous
+    """(W x^T)^T over x padded to `skinny_rows` rows."""
     rows = x.shape[0]
-    if rows > SKINNY_MAX_ROWS:
-        return F.linear(x, weight).to(dtype)
     padded = skinny_rows(rows)
     if padded > rows:
         # Real zero rows: stride-0 (expanded) ones would leave BLAS for a slow path.
@@ -67,6 +73,44 @@ def _cpu_fp32_product(
     transposed = torch.mm(weight, x.t())[:, :rows]
     # One copy transposes and converts.
     return torch.empty((rows, weight.shape[0]), dtype=dtype, device=x.device).copy_(transposed.t())
+
+
+def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 7) -> float:
+    """The fastest of `repeats` products of `kind` (product_choice) with a weight of `shape` (the
+    fastest: what the machine can do, less the noise of other work on it)."""
+    weight, x = torch.randn(shape), torch.randn(rows, shape[1])
+    run = (lambda: skinny_product(weight, x, torch.float32)) if kind == "skinny" \
+        else (lambda: F.linear(x, weight))
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@functools.cache
+def fp32_choice(out_features: int, in_features: int) -> ProductChoice:
+    """This machine's float32 product per row count for a weight of this shape
+    (verispec.model.product_choice)."""
+    shape = (out_features, in_features)
+    return product_choice(functools.partial(_time_product, shape), shape)
+
+
+def uses_skinny(rows: int, shape: tuple[int, int]) -> bool:
+    """Whether a CPU float32 product over `rows` rows with a weight of `shape` runs skinny on
+    this machine."""
+    return rows <= SKINNY_MAX_ROWS and fp32_choice(*shape).use_skinny(rows)
+
+
+def _cpu_fp32_product(
+    weight: torch.Tensor,  # [N, in] float32
+    x: torch.Tensor,  # [T, in] float32
+    dtype: torch.dtype,
+    skinny: bool,
+) -> torch.Tensor:  # [T, N] in dtype, contiguous
+    return skinny_product(weight, x, dtype) if skinny else F.linear(x, weight).to(dtype)
 
 
 def skinny_rows(rows: int) -> int:
@@ -91,7 +135,8 @@ def widening_for(dtype: torch.dtype, device: torch.device) -> WideningBuffer | N
 class Linear(nn.Module):
     """y = x W^T (+ b with `bias`), W stored [out_features, in_features] as checkpoints store it.
 
-    Products run as the module docstring explains: skinny on CPU in float32, widened on CPU in
+    Products run as the module docstring explains: on CPU in float32 skinny or F.linear, as
+    this machine runs faster (`uses_skinny`), widened on CPU in
     bf16 when `widening` is given (from `widening_for`), F.linear otherwise (cuBLAS, native bf16,
     or a single bf16 row)."""
 
@@ -101,25 +146,27 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = empty_parameter((out_features, in_features), dtype, device)
         self.bias = empty_parameter((out_features,), dtype, device) if bias else None
-        self.skinny = device.type == "cpu" and dtype == torch.float32
+        self.cpu_fp32 = device.type == "cpu" and dtype == torch.float32
         self.widening = widening
 
     def cost_rows(self, rows: int) -> int:
         """The row count a product over `rows` rows costs like (skinny products pad)."""
-        skinny = self.skinny or (self.widening is not None and rows > 1)
-        return skinny_rows(rows) if skinny and rows <= SKINNY_MAX_ROWS else rows
+        fp32 = self.cpu_fp32 or (self.widening is not None and rows > 1)
+        return skinny_rows(rows) if fp32 and uses_skinny(rows, tuple(self.weight.shape)) else rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         out = self._product(x)
         return out if self.bias is None else out.add_(self.bias)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.skinny:
-            return _cpu_fp32_product(self.weight, x, x.dtype)
+        if self.cpu_fp32:
+            return _cpu_fp32_product(self.weight, x, x.dtype,
+                                     uses_skinny(x.shape[0], tuple(self.weight.shape)))
         if self.widening is None or x.shape[0] == 1:
             return F.linear(x, self.weight)
         wide_x = x.float()
         chunk_rows = max(1, WIDEN_CHUNK_ELEMENTS // self.weight.shape[1])
-        parts = [_cpu_fp32_product(self.widening.widen(chunk), wide_x, x.dtype)
+        skinny = uses_skinny(x.shape[0], tuple(self.weight.shape))
+        parts = [_cpu_fp32_product(self.widening.widen(chunk), wide_x, x.dtype, skinny)
                  for chunk in self.weight.split(chunk_rows)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

