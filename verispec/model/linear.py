@@ -75,18 +75,28 @@ def skinny_product(
     return torch.empty((rows, weight.shape[0]), dtype=dtype, device=x.device).copy_(transposed.t())
 
 
-def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 7) -> float:
-    """The fastest of `repeats` products of `kind` (product_choice) with a weight of `shape` (the
-    fastest: what the machine can do, less the noise of other work on it)."""
-    weight, x = torch.randn(shape), torch.randn(rows, shape[1])
-    run = (lambda: skinny_product(weight, x, torch.float32)) if kind == "skinny" \
-        else (lambda: F.linear(x, weight))
-    run()
+# Weights streamed by one timing: beyond the last-level cache, as a model's layers are read one
+# after another in a step (a single small weight timed in a loop stays in cache, where F.linear
+# does better than when its weight comes from memory).
+STREAMED_BYTES = 48 << 20
+
+
+def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 2) -> float:
+    """Seconds per product of `kind` (product_choice) with a weight of `shape`, taken over
+    distinct weights totalling STREAMED_BYTES, the fastest of `repeats` passes (the fastest:
+    what the machine can do, less the noise of other work on it)."""
+    copies = max(1, STREAMED_BYTES // (4 * shape[0] * shape[1]))
+    weights = [torch.randn(shape) for _ in range(copies)]
+    x = torch.randn(rows, shape[1])
+    product = (lambda w: skinny_product(w, x, torch.float32)) if kind == "skinny" \
+        else (lambda w: F.linear(x, w))
+    product(weights[0])  # warms up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+        for weight in weights:
+            product(weight)
+        times.append((time.perf_counter() - start) / copies)
     return min(times)
 
 

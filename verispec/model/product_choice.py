@@ -6,8 +6,8 @@ the CPU and its BLAS: on the AMD EPYC of the development machine the skinny one 
 faster up to 64 rows; on an Intel Xeon (AVX512, MKL) it was 2.8-3.9x slower at 1-2 rows. So
 each weight shape a float32 model loads on a machine is timed both ways at a few row counts,
 once, and the answer is kept in $VERISPEC_CACHE_DIR/cpu-products.json per CPU model, torch
-version, thread count and shape (about 1 s for the embedded model's five shapes, the first
-time). VERISPEC_FP32_PRODUCT=skinny|linear skips the measurement.
+version, thread count and shape (a few seconds for the embedded model's five shapes, the
+first time: each is timed streaming 48 MB of weights, as a step streams a model's layers). VERISPEC_FP32_PRODUCT=skinny|linear skips the measurement.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def product_choice(product_seconds: Callable[[str, int], float],
     entry = saved.get(key) if isinstance(saved, dict) else None
     if isinstance(entry, list) and len(entry) == len(ROW_COUNTS):
         return ProductChoice(tuple(bool(v) for v in entry))
+    _log.info("verispec: timing float32 products with a %dx%d weight on this CPU, once", *shape)
     choice = measure(product_seconds)
     _log.info("verispec: float32 products on this CPU (%s): skinny at rows %s, F.linear "
               "otherwise", key, [r for r, s in zip(ROW_COUNTS, choice.skinny) if s])
