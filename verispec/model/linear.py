@@ -79,13 +79,15 @@ def skinny_product(
 # after another in a step (a single small weight timed in a loop stays in cache, where F.linear
 # does better than when its weight comes from memory).
 STREAMED_BYTES = 48 << 20
+# At most this many copies: a tiny layer's choice is not worth streaming thousands of them.
+MAX_COPIES = 64
 
 
 def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 2) -> float:
     """Seconds per product of `kind` (product_choice) with a weight of `shape`, taken over
-    distinct weights totalling STREAMED_BYTES, the fastest of `repeats` passes (the fastest:
-    what the machine can do, less the noise of other work on it)."""
-    copies = max(1, STREAMED_BYTES // (4 * shape[0] * shape[1]))
+    distinct weights totalling STREAMED_BYTES (or MAX_COPIES of them), the fastest of `repeats`
+    passes (the fastest: what the machine can do, less the noise of other work on it)."""
+    copies = min(MAX_COPIES, max(1, STREAMED_BYTES // (4 * shape[0] * shape[1])))
     weights = [torch.randn(shape) for _ in range(copies)]
     x = torch.randn(rows, shape[1])
     product = (lambda w: skinny_product(w, x, torch.float32)) if kind == "skinny" \
