@@ -7,8 +7,6 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <string>
 #include <limits>
 #include <vector>
 

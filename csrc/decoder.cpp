@@ -6,8 +6,6 @@
 
 #include <algorithm>
 
-#include <cmath>
-
 namespace verispec {
 namespace {
 

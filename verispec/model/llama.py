@@ -26,8 +26,8 @@ from torch import nn
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
 from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
-from verispec.model.quant.formats import PanelWeight, QuantizedWeight
 from verispec.model.quant.decoder import build_stack
+from verispec.model.quant.formats import PanelWeight, QuantizedWeight
 from verispec.model.quant.kernels import compiled_kernels
 from verispec.model.quant.linear import QuantLinear
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_

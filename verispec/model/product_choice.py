@@ -7,7 +7,8 @@ faster up to 64 rows; on an Intel Xeon (AVX512, MKL) it was 2.8-3.9x slower at 1
 each weight shape a float32 model loads on a machine is timed both ways at a few row counts,
 once, and the answer is kept in $VERISPEC_CACHE_DIR/cpu-products.json per CPU model, torch
 version, thread count and shape (a few seconds for the embedded model's five shapes, the
-first time: each is timed streaming 48 MB of weights, as a step streams a model's layers). VERISPEC_FP32_PRODUCT=skinny|linear skips the measurement.
+first time: each is timed streaming 48 MB of weights, as a step streams a model's layers).
+VERISPEC_FP32_PRODUCT=skinny|linear skips the measurement.
 """
 
 from __future__ import annotations
