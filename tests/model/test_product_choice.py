@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from verispec.model.linear import _time_product
 from verispec.model.product_choice import ROW_COUNTS, ProductChoice, measure, product_choice
 
 
@@ -61,3 +63,11 @@ def test_the_choice_can_be_forced(monkeypatch) -> None:
     with pytest.raises(ValueError, match="VERISPEC_FP32_PRODUCT='fast' is invalid: expected "
                                          "'skinny' or 'linear'"):
         product_choice(never, (8, 4))
+
+
+def test_timing_the_products_leaves_the_callers_random_stream_alone() -> None:
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    assert _time_product((8, 4), "skinny", 2) > 0 and _time_product((8, 4), "linear", 2) > 0
+    assert torch.equal(torch.rand(3), expected)

@@ -88,8 +88,10 @@ def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 2
     distinct weights totalling STREAMED_BYTES (or MAX_COPIES of them), the fastest of `repeats`
     passes (the fastest: what the machine can do, less the noise of other work on it)."""
     copies = min(MAX_COPIES, max(1, STREAMED_BYTES // (4 * shape[0] * shape[1])))
-    weights = [torch.randn(shape) for _ in range(copies)]
-    x = torch.randn(rows, shape[1])
+    # Its own generator: a model's first product must not move the caller's random stream.
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=generator) for _ in range(copies)]
+    x = torch.randn(rows, shape[1], generator=generator)
     product = (lambda w: skinny_product(w, x, torch.float32)) if kind == "skinny" \
         else (lambda w: F.linear(x, w))
     product(weights[0])  # warms up
