@@ -2,9 +2,7 @@
 // quantization, the choice of instruction set from the CPU's flags at run time, the
 // row-by-row paged attention (attention.h) and a quantized model's decoder layers (decoder.h).
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
-#include <cmath>
 #include <string>
 #include <vector>
 

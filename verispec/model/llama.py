@@ -297,13 +297,8 @@ class LlamaModel(nn.Module):
             return None
         if not self._stack_built:
             ropes, windows = list(self.rotaries), list(dict.fromkeys(self.layer_windows))
-            first = self.layers[0]
-            self._stack = build_stack(
-                self.layers, [ropes.index(r) for r in self.layer_ropes],
-                [windows.index(w) for w in self.layer_windows], first.heads, first.kv_heads,
-                first.head_dim, first.inter, first.eps, first.gelu,
-                self.config.head_dim ** -0.5 if first.scale is None else first.scale,
-                first.softcap)
+            self._stack = build_stack(self.layers, [ropes.index(r) for r in self.layer_ropes],
+                                      [windows.index(w) for w in self.layer_windows])
             self._stack_built = True
         return self._stack
 

@@ -23,11 +23,12 @@ def _linear(module: nn.Module) -> tuple[list[tuple], torch.Tensor | None] | None
     return parts, None if module.bias is None else module.bias.detach().contiguous()
 
 
-def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int], plan_index: Sequence[int],
-                heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float,
-                gelu: bool, scale: float, softcap: float | None):  # -> DecoderStack | None
-    """The compiled stack of `layers` (DecoderLayers), or None where it cannot run them: no
-    compiled kernels, the torch fallback chosen, or a weight part kept as a float tensor."""
+def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int],
+                plan_index: Sequence[int]):  # -> DecoderStack | None
+    """The compiled stack of `layers` (DecoderLayers of one model, so of one shape and options),
+    layer i taking rope rope_index[i] and attention plan plan_index[i]; None where it cannot run
+    them: no compiled kernels, the torch fallback chosen, or a weight part kept as a float
+    tensor."""
     compiled = compiled_kernels()
     if compiled is None or default_kernel() == FALLBACK:
         return None
@@ -42,5 +43,8 @@ def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int], plan_ind
                  for name in ("input_norm", "post_attention_norm", "attn_out_norm",
                               "mlp_out_norm", "q_norm", "k_norm")}
         specs.append({**norms, **linears, "rope": rope, "plan": plan})
-    return compiled.DecoderStack(specs, heads, kv_heads, head_dim, intermediate, eps, gelu,
-                                 scale, 0.0 if softcap is None else softcap, default_kernel())
+    first = layers[0]
+    scale = first.head_dim ** -0.5 if first.scale is None else first.scale
+    return compiled.DecoderStack(specs, first.heads, first.kv_heads, first.head_dim, first.inter,
+                                 first.eps, first.gelu, scale,
+                                 0.0 if first.softcap is None else first.softcap, default_kernel())
