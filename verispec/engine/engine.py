@@ -38,6 +38,7 @@ import torch
 from ..config import EngineConfig
 from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
+from ..sample.greedy import greedy_chains, plain_greedy
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
@@ -455,6 +456,10 @@ class LLMEngine:
     ) -> list[_Verified]:
         """Per sampling request: its emitted tokens, its accepted drafts (tree nodes) and the
         tokens' log-probabilities when it asked for them (computed only then)."""
+        if self.tree is None and all(plain_greedy(p.request.params) and p.request.grammar is None
+                                     and p.request.params.logprobs is None for p in sampling):
+            chains = greedy_chains(logits, [drafts.of(p.request.request_id) for p in sampling])
+            return [_Verified(t, list(range(len(t) - 1)), None) for t in chains]
         target_rows: list[int] = []
         uncond_rows: list[int] = []
         row = 0
