@@ -3,6 +3,7 @@
 #include "vecmath.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
 
@@ -150,6 +151,7 @@ RowPlan RowPlan::of(const std::vector<torch::Tensor>& tensors) {
 void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t dim,
                  const torch::Tensor& kv_cache, const RowPlan& plan, float scale, float cap,
                  float* out) {
+  RECORD_USER_SCOPE("verispec::attention");
   const bool half = kv_cache.scalar_type() == torch::kHalf;
   TORCH_CHECK(kv_cache.dim() == 5 && (half || kv_cache.scalar_type() == torch::kFloat32) &&
                   kv_cache.is_contiguous(),

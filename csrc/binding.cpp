@@ -44,6 +44,21 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, const torc
   return y;
 }
 
+// [R, K] float32: rows `index` of a block-quantized weight in panels.
+torch::Tensor dequantized_rows(const torch::Tensor& w, const torch::Tensor& d,
+                              const c10::optional<torch::Tensor>& m, int64_t bits,
+                              int64_t zero_point, int64_t n, int64_t k,
+                              const torch::Tensor& index) {
+  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == torch::kInt64,
+              "index must be a 1-D int64 tensor");
+  const Panels weight{w, d, m ? *m : torch::Tensor(), bits, zero_point, n};
+  weight.check(k);
+  const torch::Tensor ids = index.contiguous();
+  auto out = torch::empty({ids.numel(), k}, d.options().dtype(torch::kFloat32));
+  dequantize_rows(weight, k, ids.data_ptr<int64_t>(), ids.numel(), out.data_ptr<float>());
+  return out;
+}
+
 }  // namespace
 }  // namespace verispec
 
@@ -58,14 +73,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("tree_mask"), py::arg("scale"), py::arg("softcap"));
   module.def("qlinear", &verispec::qlinear, py::arg("x"), py::arg("w"), py::arg("d"),
              py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("isa"));
+  module.def("dequantize_rows", &verispec::dequantized_rows, py::arg("w"), py::arg("d"),
+             py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("k"),
+             py::arg("index"));
   py::class_<verispec::DecoderStack>(module, "DecoderStack")
       .def(py::init<const std::vector<py::dict>&, int64_t, int64_t, int64_t, int64_t, double, bool,
-                    double, double, const std::string&>(),
+                    double, double, const std::string&, const py::object&>(),
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("intermediate"), py::arg("eps"), py::arg("gelu"), py::arg("scale"),
-           py::arg("softcap"), py::arg("isa"))
+           py::arg("softcap"), py::arg("isa"), py::arg("head") = py::none())
       .def("forward", &verispec::DecoderStack::forward, py::arg("hidden"), py::arg("begin"),
            py::arg("end"), py::arg("cos"), py::arg("sin"), py::arg("kv_caches"),
            py::arg("slot_mapping"), py::arg("plans"))
-      .def_property_readonly("num_layers", &verispec::DecoderStack::num_layers);
+      .def("logits", &verispec::DecoderStack::logits, py::arg("hidden"), py::arg("indices"))
+      .def_property_readonly("num_layers", &verispec::DecoderStack::num_layers)
+      .def_property_readonly("has_head", &verispec::DecoderStack::has_head);
 }

@@ -108,7 +108,8 @@ void write_cache(const float* qkv, int64_t width, int64_t rows, int64_t heads, i
 
 DecoderStack::DecoderStack(const std::vector<py::dict>& layers, int64_t heads, int64_t kv_heads,
                            int64_t head_dim, int64_t intermediate, double eps, bool gelu,
-                           double scale, double softcap, const std::string& isa)
+                           double scale, double softcap, const std::string& isa,
+                           const py::object& head)
     : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
       eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
       softcap_(static_cast<float>(softcap)), gelu_(gelu), kernel_(kernel_for(isa)) {
@@ -142,6 +143,14 @@ DecoderStack::DecoderStack(const std::vector<py::dict>& layers, int64_t heads, i
     check_linear(w.gate_up, hidden, 2 * intermediate, "gate_up");
     check_linear(w.down, intermediate, hidden, "down");
     layers_.push_back(std::move(w));
+  }
+  if (!head.is_none()) {
+    const auto spec = head.cast<py::dict>();
+    final_norm_ = spec["norm"].cast<torch::Tensor>();
+    lm_head_ = linear_of(spec, "lm_head");
+    const int64_t hidden = final_norm_.numel() / 2;
+    check_norm(final_norm_, hidden, "norm");
+    check_linear(lm_head_, hidden, lm_head_.out, "lm_head");
   }
 }
 
@@ -195,7 +204,7 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   }
   if (rows == 0) return;
 
-  pybind11::gil_scoped_release released;
+  py::gil_scoped_release released;
   float* h = hidden.data_ptr<float>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   std::vector<float> x(rows * width), out(rows * width), qkv(rows * qkv_width);
@@ -255,6 +264,36 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
     }
     for (int64_t k = 0; k < rows * width; ++k) h[k] += out[k];
   }
+}
+
+torch::Tensor DecoderStack::logits(const torch::Tensor& hidden,
+                                   const torch::Tensor& indices) const {
+  TORCH_CHECK(has_head(), "this stack was built without the final norm and LM head");
+  const int64_t width = final_norm_.numel() / 2;
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32 &&
+                  hidden.is_contiguous() && hidden.size(1) == width,
+              "hidden must be a contiguous [T, ", width, "] float32 tensor");
+  TORCH_CHECK(indices.dim() == 1 && indices.scalar_type() == torch::kInt64 &&
+                  indices.is_contiguous(),
+              "indices must be a contiguous [R] int64 tensor");
+  const int64_t rows = indices.numel();
+  const int64_t* index = indices.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(0 <= index[r] && index[r] < hidden.size(0), "row ", index[r],
+                " is not within [0, ", hidden.size(0), ")");
+  }
+  auto y = torch::empty({rows, lm_head_.out}, hidden.options());
+  if (rows == 0) return y;
+  py::gil_scoped_release released;
+  const float* h = hidden.data_ptr<float>();
+  std::vector<float> x(rows * width);
+  for (int64_t r = 0; r < rows; ++r) {
+    rms_norm_rows(h + index[r] * width, x.data() + r * width, final_norm_, 1, width, width, eps_);
+  }
+  QuantizedRows quantized;
+  quantized.quantize(x.data(), rows, width);
+  apply(lm_head_, quantized, kernel_, y.data_ptr<float>());
+  return y;
 }
 
 }  // namespace verispec

@@ -37,10 +37,11 @@ struct LayerWeights {
 class DecoderStack {
  public:
   // layers: one dict per layer (keys as LayerWeights' fields; a linear is (parts, bias), a part
-  // (packed, d, m, bits, zero_point, n)); scale: of the attention scores; softcap <= 0: none.
+  // (packed, d, m, bits, zero_point, n)); scale: of the attention scores; softcap <= 0: none;
+  // head: None, or the final norm and the LM head, {"norm": [2 * hidden], "lm_head": a linear}.
   DecoderStack(const std::vector<pybind11::dict>& layers, int64_t heads, int64_t kv_heads,
                int64_t head_dim, int64_t intermediate, double eps, bool gelu, double scale,
-               double softcap, const std::string& isa);
+               double softcap, const std::string& isa, const pybind11::object& head);
 
   // Layers [begin, end) over hidden [T, hidden_size] float32, updated in place.
   // cos, sin: per rope index [T, 1, head_dim] (RotaryEmbedding.angles, sin sign-folded);
@@ -52,10 +53,17 @@ class DecoderStack {
                const std::vector<torch::Tensor>& kv_caches, const torch::Tensor& slot_mapping,
                const std::vector<std::vector<torch::Tensor>>& plans) const;
 
+  // [R, vocab] float32: the LM head's logits of rows `indices` [R] int64 of hidden [T,
+  // hidden_size] after the final norm (one call where torch took eight operations).
+  torch::Tensor logits(const torch::Tensor& hidden, const torch::Tensor& indices) const;
+
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  bool has_head() const { return final_norm_.defined(); }
 
  private:
   std::vector<LayerWeights> layers_;
+  torch::Tensor final_norm_;  // [2 * hidden] float32, undefined without a head
+  LinearLayer lm_head_;
   int64_t heads_, kv_heads_, head_dim_, intermediate_;
   float eps_, scale_, softcap_;
   bool gelu_;

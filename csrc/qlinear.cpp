@@ -2,6 +2,7 @@
 #include "vecmath.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -119,6 +120,7 @@ void quantize_into(const float* x, int64_t rows, int64_t k, int8_t* xq, float* x
 }
 
 void QuantizedRows::quantize(const float* x, int64_t m, int64_t width) {
+  RECORD_USER_SCOPE("verispec::quantize");  // ranges torch.profiler reads (bench/step_profile.py)
   rows = m;
   k = width;
   xq.resize(m * width);
@@ -129,6 +131,7 @@ void QuantizedRows::quantize(const float* x, int64_t m, int64_t width) {
 }
 
 void qlinear_into(const QuantizedRows& x, const Panels& w, Kernel kernel, float* y, int64_t ldy) {
+  RECORD_USER_SCOPE("verispec::product");
   if (x.rows == 0 || w.n == 0) return;
   const int64_t panels = (w.n + kPanel - 1) / kPanel;
   QGemmArgs args{x.rows, w.n, x.k, x.xq.data(), x.xd.data(), x.xm.data(), x.xs.data(),
@@ -143,6 +146,53 @@ void qlinear_into(const QuantizedRows& x, const Panels& w, Kernel kernel, float*
   // start-up).
   const int64_t grain = std::max<int64_t>(1, (16 << 10) / (kPanel * x.k * w.bits / 8));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+}
+
+
+namespace {
+
+template <typename Scale>
+void dequantize_rows_as(const Panels& w, int64_t k, const int64_t* ids, int64_t count,
+                        float* out) {
+  const int64_t groups = k / kBlock, chunk = kPanel * kBlock * w.bits / 8;
+  const uint8_t* packed = w.packed.data_ptr<uint8_t>();
+  const Scale* d = static_cast<const Scale*>(w.d.data_ptr());
+  const Scale* m = w.m.defined() ? static_cast<const Scale*>(w.m.data_ptr()) : nullptr;
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t id = ids[r], panel = id / kPanel, lane = id % kPanel;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = (panel * groups + g) * kPanel + lane;
+      const float scale = static_cast<float>(d[at]);
+      const float minimum = m != nullptr ? static_cast<float>(m[at])
+                                         : -static_cast<float>(w.zero_point) * scale;
+      // Word c of a block (bytes 4c .. 4c+3 of the row's block) sits at lane `lane` of the
+      // panel chunk's c-th group of 16 words (formats.py, PanelWeight.from_rows).
+      const uint8_t* words = packed + (panel * groups + g) * chunk;
+      float* y = out + r * k + g * kBlock;
+      for (int64_t j = 0; j < kBlock * w.bits / 8; ++j) {
+        const uint8_t byte = words[((j / 4) * kPanel + lane) * 4 + j % 4];
+        if (w.bits == 8) {
+          y[j] = static_cast<float>(byte) * scale + minimum;
+        } else {  // low nibble: element j, high nibble: element j + 16
+          y[j] = static_cast<float>(byte & 0x0F) * scale + minimum;
+          y[j + kBlock / 2] = static_cast<float>(byte >> 4) * scale + minimum;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_rows(const Panels& w, int64_t k, const int64_t* ids, int64_t count, float* out) {
+  for (int64_t r = 0; r < count; ++r) {
+    TORCH_CHECK(0 <= ids[r] && ids[r] < w.n, "row ", ids[r], " is not within [0, ", w.n, ")");
+  }
+  if (w.d.scalar_type() == torch::kFloat32) {
+    dequantize_rows_as<float>(w, k, ids, count, out);
+  } else {
+    dequantize_rows_as<c10::Half>(w, k, ids, count, out);
+  }
 }
 
 }  // namespace verispec

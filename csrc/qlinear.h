@@ -56,4 +56,8 @@ struct QuantizedRows {
 // y[r, 0 .. n) for every row r (row stride ldy) = x times w transposed.
 void qlinear_into(const QuantizedRows& x, const Panels& w, Kernel kernel, float* y, int64_t ldy);
 
+// out [count, k] = rows ids[0 .. count) of w as float32, d * q + m as QuantizedWeight.dequantize
+// computes it (a tied LM head serves the embedding lookups).
+void dequantize_rows(const Panels& w, int64_t k, const int64_t* ids, int64_t count, float* out);
+
 }  // namespace verispec

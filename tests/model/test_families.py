@@ -188,6 +188,7 @@ def test_compiled_layers_equal_the_torch_layers(family, tmp_path, monkeypatch) -
     quantized, _ = load_model(family.directory, quantization="int8", progress=False)
     if quantized._compiled_stack() is None:
         pytest.skip("the compiled kernels are not built here")
+    assert quantized._compiled_stack().has_head  # the final norm and LM head compiled too
     prompts = [_ids(24, 1), _ids(24, 2)]
     schedule = [[10, 1], [9, 1], [5, 5]] + [[0, 1]] * 17
     compiled = run_schedule(quantized, prompts, schedule)

@@ -174,3 +174,16 @@ def test_panels_hold_the_same_weight(bits, minimum) -> None:
     index = torch.tensor([12, 0, 7, 12])  # rows picked out of their panel, one twice
     picked = panels.select_rows(index)
     assert torch.equal(picked.dequantize(), weight.dequantize()[index])
+
+
+@pytest.mark.skipif(kernels.compiled_kernels() is None, reason="the compiled kernels did not build")
+@pytest.mark.parametrize("bits,minimum,scales", [(4, True, torch.float16), (4, False, torch.float16),
+                                                 (8, False, torch.float16), (4, True, torch.float32)])
+def test_compiled_row_lookup_equals_the_dequantized_rows(bits, minimum, scales) -> None:
+    weight = _random_weight(37, 96, bits, minimum, scales, seed=11)  # three panels, one padded
+    index = torch.tensor([36, 0, 17, 36, 15, 16])
+    rows = kernels.dequantize_rows(PanelWeight.from_rows(weight), index)
+    assert torch.equal(rows, weight.dequantize()[index])  # the same float32 arithmetic, bit for bit
+    assert torch.equal(kernels.dequantize_rows(weight, index), rows)  # the row layout's lookup
+    with pytest.raises(RuntimeError, match="row 37 is not within"):
+        kernels.dequantize_rows(PanelWeight.from_rows(weight), torch.tensor([37]))

@@ -18,12 +18,13 @@ def _oracle(logits: torch.Tensor, drafts: list[list[int]]) -> list[list[int]]:
     return [row[:n] for row, n in zip(out.token_ids.tolist(), out.num_emitted.tolist())]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # numpy's argmax; torch's
 @pytest.mark.parametrize("seed", range(20))
-def test_greedy_chains_equal_rejection_sample(seed: int) -> None:
+def test_greedy_chains_equal_rejection_sample(seed: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(seed)
     vocab = 6  # few values over a small vocabulary: many rows hold tied maxima
     counts = torch.randint(0, 5, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()
-    logits = torch.randint(0, 3, (sum(counts) + len(counts), vocab), generator=gen).float()
+    logits = torch.randint(0, 3, (sum(counts) + len(counts), vocab), generator=gen).to(dtype)
     best = logits.max(dim=-1).indices.tolist()
     drafts, row = [], 0
     for k in counts:

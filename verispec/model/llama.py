@@ -28,7 +28,7 @@ from verispec.model.config import ModelConfig
 from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
 from verispec.model.quant.decoder import build_stack
 from verispec.model.quant.formats import PanelWeight, QuantizedWeight
-from verispec.model.quant.kernels import compiled_kernels
+from verispec.model.quant.kernels import compiled_kernels, dequantize_rows
 from verispec.model.quant.linear import QuantLinear
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
 
@@ -261,7 +261,7 @@ class LlamaModel(nn.Module):
         if not self.quantized:
             rows = F.embedding(input_ids, self.embed_tokens)
         elif isinstance(self.embed_quantized, (QuantizedWeight, PanelWeight)):
-            rows = self.embed_quantized.select_rows(input_ids).dequantize()
+            rows = dequantize_rows(self.embed_quantized, input_ids)
         else:
             rows = F.embedding(input_ids, self.embed_quantized)
         if self.embedding_scale == 1.0:
@@ -298,7 +298,8 @@ class LlamaModel(nn.Module):
         if not self._stack_built:
             ropes, windows = list(self.rotaries), list(dict.fromkeys(self.layer_windows))
             self._stack = build_stack(self.layers, [ropes.index(r) for r in self.layer_ropes],
-                                      [windows.index(w) for w in self.layer_windows])
+                                      [windows.index(w) for w in self.layer_windows],
+                                      self.norm, self.lm_head)
             self._stack_built = True
         return self._stack
 
@@ -387,8 +388,11 @@ class LlamaModel(nn.Module):
                 if number in hidden_layers and number != last:
                     captured[number] = hidden.clone()  # later layers update `hidden` in place
         captured[last] = hidden
-        rows = rms_norm(hidden.index_select(0, logits_indices), self.norm, self.config.rms_norm_eps)
-        logits = self.lm_head(rows).float()
+        if stack is not None and stack.has_head:
+            logits = stack.logits(hidden, logits_indices)
+        else:
+            rows = rms_norm(hidden.index_select(0, logits_indices), self.norm, self.config.rms_norm_eps)
+            logits = self.lm_head(rows).float()
         cap = self.config.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

