@@ -270,7 +270,7 @@ def kernel_table(threads: int) -> list[dict]:
     import torch.nn.functional as F
 
     from verispec.model import load_model
-    from verispec.model.linear import skinny_product, uses_skinny
+    from verispec.model.linear import cpu_fp32_product, fp32_kind
     from verispec.model.quant.kernels import available_kernels, qlinear
 
     torch.set_num_threads(threads)
@@ -300,9 +300,10 @@ def kernel_table(threads: int) -> list[dict]:
     rows = []
     for m in (1, 2, 5, 16):
         row = {"M": m, "float32 F.linear": step(m, lambda x, w, d: F.linear(x, d))}
-        # verispec's own float32 products: skinny or F.linear per shape, as measured at load.
-        row["float32 verispec"] = step(m, lambda x, w, d: skinny_product(d, x, torch.float32)
-                                       if uses_skinny(x.shape[0], tuple(d.shape)) else F.linear(x, d))
+        # verispec's own float32 products: F.linear, skinny or compiled per shape and rows, as
+        # measured at load.
+        row["float32 verispec"] = step(m, lambda x, w, d: cpu_fp32_product(
+            d, x, torch.float32, fp32_kind(x.shape[0], tuple(d.shape))))
         for kernel in available_kernels():
             row[kernel] = step(m, lambda x, w, d, k=kernel: qlinear(x, w, k))
         rows.append(row)

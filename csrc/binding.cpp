@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "decoder.h"
+#include "f32linear.h"
 #include "qlinear.h"
 
 namespace verispec {
@@ -59,6 +60,21 @@ torch::Tensor dequantized_rows(const torch::Tensor& w, const torch::Tensor& d,
   return out;
 }
 
+// [M, N] float32 = x [M, K] times w [N, K] transposed (f32linear.h).
+torch::Tensor f32_linear_tensor(const torch::Tensor& x, const torch::Tensor& w,
+                                const std::string& isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be 2-D float32");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
+              "w must be a contiguous 2-D float32 tensor");
+  TORCH_CHECK(x.size(1) == w.size(1), "x has ", x.size(1), " columns: w takes ", w.size(1));
+  const torch::Tensor xc = x.contiguous();
+  auto y = torch::empty({xc.size(0), w.size(0)}, xc.options());
+  py::gil_scoped_release released;
+  f32_linear(xc.data_ptr<float>(), xc.size(0), xc.size(1), w.data_ptr<float>(), w.size(0),
+             y.data_ptr<float>(), isa);
+  return y;
+}
+
 }  // namespace
 }  // namespace verispec
 
@@ -73,6 +89,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("tree_mask"), py::arg("scale"), py::arg("softcap"));
   module.def("qlinear", &verispec::qlinear, py::arg("x"), py::arg("w"), py::arg("d"),
              py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("isa"));
+  module.def("f32_isas", &verispec::f32_isas,
+             "instruction sets this CPU runs f32_linear with, best first");
+  module.def("f32_linear", &verispec::f32_linear_tensor, py::arg("x"), py::arg("w"),
+             py::arg("isa"));
   module.def("dequantize_rows", &verispec::dequantized_rows, py::arg("w"), py::arg("d"),
              py::arg("m"), py::arg("bits"), py::arg("zero_point"), py::arg("n"), py::arg("k"),
              py::arg("index"));

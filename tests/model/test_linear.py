@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.model import linear as linear_module
-from verispec.model.linear import Linear, WideningBuffer, skinny_rows, widening_for
+from verispec.model.linear import Linear, WideningBuffer, fp32_kinds, skinny_rows, widening_for
 from verispec.model.product_choice import ROW_COUNTS, ProductChoice
 
 CPU = torch.device("cpu")
@@ -33,22 +33,41 @@ def test_widened_bf16_products_are_float32_products_rounded_to_bf16(monkeypatch,
     assert ((out.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
 
 
-def choose(monkeypatch, skinny: bool) -> None:
-    """This machine's float32 choice, forced: the skinny product at every row count, or never."""
+def choose(monkeypatch, kind: str) -> None:
+    """This machine's float32 choice, forced: one product at every row count."""
     monkeypatch.setattr(linear_module, "fp32_choice",
-                        lambda *shape: ProductChoice((skinny,) * len(ROW_COUNTS)))
+                        lambda *shape: ProductChoice((kind,) * len(ROW_COUNTS)))
 
 
-@pytest.mark.parametrize("skinny", [True, False], ids=["skinny", "linear"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 10, 15, 16, 17, 33, 64, 65])
-def test_float32_products_match_f_linear(monkeypatch, rows, skinny) -> None:
-    choose(monkeypatch, skinny)
+@pytest.mark.parametrize("kind", fp32_kinds())
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 9, 10, 15, 16, 17, 33, 64, 65])
+def test_float32_products_match_f_linear(monkeypatch, rows, kind) -> None:
+    choose(monkeypatch, kind)
     layer = make_linear(torch.float32, None)
-    assert layer.cpu_fp32 and linear_module.uses_skinny(rows, (10, 16)) == (skinny and rows <= 64)
+    assert layer.cpu_fp32 and linear_module.fp32_kind(rows, (10, 16)) == (kind if rows <= 64 else "linear")
     x = torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows))
     out = layer(x)
-    assert out.is_contiguous()
+    assert out.is_contiguous() and out.dtype == torch.float32
     torch.testing.assert_close(out, F.linear(x, layer.weight), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif("compiled" not in fp32_kinds(), reason="the compiled kernels did not build")
+def test_the_compiled_product_gives_a_row_the_same_bits_whatever_the_other_rows() -> None:
+    """Fixed sums per element (csrc/f32linear.h): one row alone, in 5 rows, in 16 (two blocks
+    of 8) and under every instruction set give the same bits, within float32 rounding of the
+    float64 product (K = 581: a tail of 5 past the last 16 elements)."""
+    from verispec.model.quant.kernels import compiled_kernels
+    compiled = compiled_kernels()
+    gen = torch.Generator().manual_seed(3)
+    weight, x = torch.randn(37, 581, generator=gen), torch.randn(16, 581, generator=gen)
+    alone = torch.cat([compiled.f32_linear(x[r:r + 1], weight, "generic") for r in range(16)])
+    for isa in compiled.f32_isas():
+        for rows in (1, 5, 16):
+            assert torch.equal(compiled.f32_linear(x[:rows], weight, isa), alone[:rows]), (isa, rows)
+    exact = x.double() @ weight.double().T
+    assert ((alone.double() - exact).abs() <= 1e-6 * (x.double().abs() @ weight.double().abs().T)).all()
+    with pytest.raises(RuntimeError, match="isa='avx9' is unknown"):
+        compiled.f32_linear(x, weight, "avx9")
 
 
 def test_skinny_rows_pads_up_to_the_fast_row_counts() -> None:
@@ -77,12 +96,13 @@ def test_widening_only_for_bf16_on_cpus_without_bf16_arithmetic(monkeypatch) -> 
 
 
 def test_cost_rows_follow_the_padding_of_each_strategy(monkeypatch) -> None:
-    choose(monkeypatch, True)
+    choose(monkeypatch, "skinny")
     skinny = make_linear(torch.float32, None)
     widened = make_linear(torch.bfloat16, WideningBuffer(CPU))
     native = make_linear(torch.bfloat16, None)
     assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [2, 4, 7, 32, 65]
     assert [widened.cost_rows(r) for r in (1, 3, 17)] == [1, 4, 32]  # one row: the bf16 product
     assert [native.cost_rows(r) for r in (1, 3, 17)] == [1, 3, 17]
-    choose(monkeypatch, False)  # a machine where F.linear wins: no padding
-    assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [1, 3, 7, 17, 65]
+    for kind in ("linear", "compiled"):  # products that do not pad
+        choose(monkeypatch, kind)
+        assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [1, 3, 7, 17, 65]

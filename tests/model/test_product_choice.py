@@ -8,66 +8,87 @@ import json
 import pytest
 import torch
 
-from verispec.model.linear import _time_product
-from verispec.model.product_choice import ROW_COUNTS, ProductChoice, measure, product_choice
+from verispec.model.linear import _time_product, fp32_kinds
+from verispec.model.product_choice import (COMPILED_MAX_ROWS, KINDS, ROW_COUNTS, ProductChoice,
+                                           measure, product_choice)
 
 
-def timings(skinny_up_to: int):
-    """A fake clock: the skinny product is faster up to `skinny_up_to` rows; calls counted."""
+def timings(fastest: dict[int, str]):
+    """A fake clock: the product fastest[r] takes 1 s at up to r rows (the smallest key >= rows),
+    the others 2 s; calls counted."""
     calls = []
 
     def seconds(kind: str, rows: int) -> float:
         calls.append((kind, rows))
-        return 1.0 if (kind == "skinny") == (rows <= skinny_up_to) else 2.0
+        best = next((k for r, k in sorted(fastest.items()) if rows <= r), "linear")
+        return 1.0 if kind == best else 2.0
     return seconds, calls
 
 
-def test_each_row_count_takes_the_faster_product() -> None:
-    seconds, _ = timings(skinny_up_to=4)
-    choice = measure(seconds)
-    assert choice.skinny == tuple(r <= 4 for r in ROW_COUNTS)
-    assert [choice.use_skinny(r) for r in (1, 3, 4, 5, 8, 64, 65)] == \
-        [True, True, True, False, False, False, False]
-    seconds, _ = timings(skinny_up_to=0)  # an Intel-like machine: F.linear everywhere
-    assert not any(measure(seconds).skinny)
+def test_each_row_count_takes_the_fastest_product() -> None:
+    seconds, calls = timings({2: "compiled", 16: "skinny"})
+    choice = measure(seconds, KINDS)
+    assert choice.kinds == tuple("compiled" if r <= 2 else "skinny" if r <= 16 else "linear"
+                                 for r in ROW_COUNTS)
+    assert [choice.kind(r) for r in (1, 2, 3, 16, 17, 64, 65)] == \
+        ["compiled", "compiled", "skinny", "skinny", "linear", "linear", "linear"]
+    # The compiled product is not timed where it cannot win (beyond COMPILED_MAX_ROWS rows).
+    assert max(r for k, r in calls if k == "compiled") == COMPILED_MAX_ROWS
+    seconds, _ = timings({})  # an Intel-like machine: F.linear everywhere
+    assert set(measure(seconds, KINDS).kinds) == {"linear"}
+    seconds, calls = timings({64: "compiled"})  # a machine without the extension
+    assert set(measure(seconds, ("linear", "skinny")).kinds) == {"linear"}
+    assert all(k != "compiled" for k, _ in calls)
+
+
+def test_f_linear_wins_ties_and_near_ties() -> None:
+    def seconds(kind: str, rows: int) -> float:
+        return {"linear": 1.0, "skinny": 0.97, "compiled": 1.0}[kind]
+    assert set(measure(seconds, KINDS).kinds) == {"linear"}  # within MARGIN of F.linear
 
 
 def test_the_measurement_is_cached_per_machine(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("VERISPEC_FP32_PRODUCT", raising=False)
-    seconds, calls = timings(skinny_up_to=16)
-    first = product_choice(seconds, (8, 4))
-    assert calls and first.skinny == tuple(r <= 16 for r in ROW_COUNTS)
+    seconds, calls = timings({16: "skinny"})
+    first = product_choice(seconds, (8, 4), KINDS)
+    assert calls and first.kinds == tuple("skinny" if r <= 16 else "linear" for r in ROW_COUNTS)
     saved = json.loads((tmp_path / "cpu-products.json").read_text())
     (key, value), = saved.items()
-    assert "torch" in key and "threads" in key and key.endswith("8x4")
-    assert value == list(first.skinny)
-    assert product_choice(timings(skinny_up_to=0)[0], (8, 5)) != first  # another shape: its own
+    assert "torch" in key and "threads" in key and "compiled" in key and key.endswith("8x4")
+    assert value == list(first.kinds)
+    assert product_choice(timings({})[0], (8, 5), KINDS) != first  # another shape: its own
 
     def never(kind: str, rows: int) -> float:
         raise AssertionError("measured again")
-    assert product_choice(never, (8, 4)) == first
+    assert product_choice(never, (8, 4), KINDS) == first
+    # Without the extension the machine's kinds differ: measured for them, on their own.
+    assert product_choice(timings({})[0], (8, 4), ("linear", "skinny")) != first
     (tmp_path / "cpu-products.json").write_text("{damaged")
-    seconds, calls = timings(skinny_up_to=2)
-    assert product_choice(seconds, (8, 4)).skinny == tuple(r <= 2 for r in ROW_COUNTS) and calls
+    seconds, calls = timings({2: "skinny"})
+    assert product_choice(seconds, (8, 4), KINDS).kind(2) == "skinny" and calls
 
 
 def test_the_choice_can_be_forced(monkeypatch) -> None:
     def never(kind: str, rows: int) -> float:
         raise AssertionError("measured")
     monkeypatch.setenv("VERISPEC_FP32_PRODUCT", "linear")
-    assert product_choice(never, (8, 4)) == ProductChoice((False,) * len(ROW_COUNTS))
+    assert product_choice(never, (8, 4), KINDS) == ProductChoice(("linear",) * len(ROW_COUNTS))
     monkeypatch.setenv("VERISPEC_FP32_PRODUCT", "skinny")
-    assert product_choice(never, (8, 4)).use_skinny(64)
+    assert product_choice(never, (8, 4), KINDS).kind(64) == "skinny"
+    monkeypatch.setenv("VERISPEC_FP32_PRODUCT", "compiled")
+    with pytest.raises(ValueError, match="VERISPEC_FP32_PRODUCT='compiled' is invalid: expected "
+                                         "one of \\('linear', 'skinny'\\)"):
+        product_choice(never, (8, 4), ("linear", "skinny"))
     monkeypatch.setenv("VERISPEC_FP32_PRODUCT", "fast")
-    with pytest.raises(ValueError, match="VERISPEC_FP32_PRODUCT='fast' is invalid: expected "
-                                         "'skinny' or 'linear'"):
-        product_choice(never, (8, 4))
+    with pytest.raises(ValueError, match="VERISPEC_FP32_PRODUCT='fast' is invalid"):
+        product_choice(never, (8, 4), KINDS)
 
 
-def test_timing_the_products_leaves_the_callers_random_stream_alone() -> None:
+@pytest.mark.parametrize("kind", fp32_kinds())
+def test_timing_the_products_leaves_the_callers_random_stream_alone(kind: str) -> None:
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    assert _time_product((8, 4), "skinny", 2) > 0 and _time_product((8, 4), "linear", 2) > 0
+    assert _time_product((8, 4), kind, 2) > 0
     assert torch.equal(torch.rand(3), expected)

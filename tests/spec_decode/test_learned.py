@@ -16,6 +16,7 @@ from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
 from verispec.spec_decode.base import Drafter
 from verispec.sample import SamplingMetadata
+from verispec.sample.processors import process_logits
 from verispec.spec_decode.draft_sampling import sample_drafts, sample_from_draft_vocab, widen_vocab
 from verispec.spec_decode.eagle import EagleDrafter
 from verispec.spec_decode.heads import KINDS, HeadConfig, head_config, load_head, new_head, save_head, shipped_head
@@ -127,8 +128,16 @@ def test_all_greedy_calls_draft_the_argmax_of_the_full_pipeline() -> None:
     logits = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
     greedy = SamplingMetadata.from_params([SamplingParams(temperature=0)] * 6, seeds=list(range(6)))
     tokens, q, usable = sample_from_draft_vocab(greedy, list(range(6)), [[]] * 6, logits, vocab, 16, 0)
-    _, full = sample_drafts(greedy, list(range(6)), [[]] * 6, widen_vocab(logits, vocab, 16), 0)
+    wide = widen_vocab(logits, vocab, 16)
+    full = process_logits(wide, torch.arange(6), greedy).softmax(dim=-1)
     assert q is None and all(usable) and tokens == full.argmax(-1).tolist()
+    # The whole vocabulary's drafts (a draft model's) likewise, and q is built as soon as one
+    # request of the call samples.
+    tokens, q = sample_drafts(greedy, list(range(6)), [[]] * 6, wide, 0)
+    assert q is None and tokens == full.argmax(-1).tolist()
+    mixed = SamplingMetadata.from_params([SamplingParams(temperature=0)] * 5 + [SamplingParams(seed=1)])
+    tokens, q = sample_drafts(mixed, list(range(6)), [[]] * 6, wide, 0)
+    assert q is not None and tokens[:5] == full.argmax(-1).tolist()[:5]
     # With an adjustment (a bias) in the call, q is built and the bias counts.
     biased = SamplingMetadata.from_params([SamplingParams(temperature=0, logit_bias={1: 100.0})] * 6,
                                           seeds=list(range(6)), prompt_token_ids=[[]] * 6, output_token_ids=[[]] * 6)

@@ -5,7 +5,9 @@ Measured on 2 AVX2 cores with SmolLM2's shapes (torch 2.13, MKL and oneDNN):
   x @ W^T, at a cost far from linear in the rows: the products of 30 layers take 27 ms for 1 row,
   2 rows 21, 4 rows 20, 6 rows 34, 12 rows 58, 15 rows 93, 16 rows 43, 31 rows 109, 32 rows 59.
   Inputs are therefore padded with zero rows: 1 row to 2, 3 to 4, above 9 rows to a multiple
-  of 16 (`skinny_rows`), within 8% of the best padding at every row count up to 64. On an
+  of 16 (`skinny_rows`), within 8% of the best padding at every row count up to 64. verispec's
+  compiled product (csrc/f32linear.h) reads each weight once for up to 8 rows: all products of
+  a step, 1 row 18 ms, 5 rows 23, 8 rows 33-36 (skinny 20, 33, 43; F.linear 45, 63, 57). On an
   Intel Xeon the skinny product was 2.8-3.9x slower than F.linear at 1-2 rows instead, so each
   machine's choice per row count is measured once and cached (verispec.model.product_choice).
 - bfloat16 on a CPU without bf16 arithmetic (no AVX512-BF16 / AMX): one row reads the weight at
@@ -24,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.model.product_choice import ProductChoice, product_choice
+from verispec.model.product_choice import KINDS, ProductChoice, product_choice
+from verispec.model.quant.kernels import compiled_kernels
 
 # Up to this many rows, CPU float32 products may take the skinny path (where it is faster).
 SKINNY_MAX_ROWS = 64
@@ -83,6 +86,39 @@ STREAMED_BYTES = 48 << 20
 MAX_COPIES = 64
 
 
+@functools.cache
+def _f32_isa() -> str:  # the best instruction set of the compiled float32 product here
+    return compiled_kernels().f32_isas()[0]
+
+
+def compiled_product(
+    weight: torch.Tensor,  # [N, in] float32, contiguous
+    x: torch.Tensor,  # [T, in] float32
+    dtype: torch.dtype,
+) -> torch.Tensor:  # [T, N] in dtype
+    """verispec's float32 product (csrc/f32linear.h): a row's result whatever the other rows."""
+    return compiled_kernels().f32_linear(x, weight, _f32_isa()).to(dtype)
+
+
+def fp32_kinds() -> tuple[str, ...]:
+    """The float32 products this machine runs (product_choice.KINDS): the compiled one where
+    the extension is built."""
+    return KINDS if compiled_kernels() is not None else tuple(k for k in KINDS if k != "compiled")
+
+
+def cpu_fp32_product(
+    weight: torch.Tensor,  # [N, in] float32
+    x: torch.Tensor,  # [T, in] float32
+    dtype: torch.dtype,
+    kind: str,  # product_choice.KINDS
+) -> torch.Tensor:  # [T, N] in dtype, contiguous
+    if kind == "skinny":
+        return skinny_product(weight, x, dtype)
+    if kind == "compiled":
+        return compiled_product(weight, x, dtype)
+    return F.linear(x, weight).to(dtype)
+
+
 def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 2) -> float:
     """Seconds per product of `kind` (product_choice) with a weight of `shape`, taken over
     distinct weights totalling STREAMED_BYTES (or MAX_COPIES of them), the fastest of `repeats`
@@ -92,14 +128,12 @@ def _time_product(shape: tuple[int, int], kind: str, rows: int, repeats: int = 2
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=generator) for _ in range(copies)]
     x = torch.randn(rows, shape[1], generator=generator)
-    product = (lambda w: skinny_product(w, x, torch.float32)) if kind == "skinny" \
-        else (lambda w: F.linear(x, w))
-    product(weights[0])  # warms up
+    cpu_fp32_product(weights[0], x, torch.float32, kind)  # warms up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for weight in weights:
-            product(weight)
+            cpu_fp32_product(weight, x, torch.float32, kind)
         times.append((time.perf_counter() - start) / copies)
     return min(times)
 
@@ -109,22 +143,13 @@ def fp32_choice(out_features: int, in_features: int) -> ProductChoice:
     """This machine's float32 product per row count for a weight of this shape
     (verispec.model.product_choice)."""
     shape = (out_features, in_features)
-    return product_choice(functools.partial(_time_product, shape), shape)
+    return product_choice(functools.partial(_time_product, shape), shape, fp32_kinds())
 
 
-def uses_skinny(rows: int, shape: tuple[int, int]) -> bool:
-    """Whether a CPU float32 product over `rows` rows with a weight of `shape` runs skinny on
-    this machine."""
-    return rows <= SKINNY_MAX_ROWS and fp32_choice(*shape).use_skinny(rows)
-
-
-def _cpu_fp32_product(
-    weight: torch.Tensor,  # [N, in] float32
-    x: torch.Tensor,  # [T, in] float32
-    dtype: torch.dtype,
-    skinny: bool,
-) -> torch.Tensor:  # [T, N] in dtype, contiguous
-    return skinny_product(weight, x, dtype) if skinny else F.linear(x, weight).to(dtype)
+def fp32_kind(rows: int, shape: tuple[int, int]) -> str:
+    """The product (product_choice.KINDS) a CPU float32 product over `rows` rows with a weight
+    of `shape` runs on this machine."""
+    return fp32_choice(*shape).kind(rows) if rows <= SKINNY_MAX_ROWS else "linear"
 
 
 def skinny_rows(rows: int) -> int:
@@ -149,8 +174,8 @@ def widening_for(dtype: torch.dtype, device: torch.device) -> WideningBuffer | N
 class Linear(nn.Module):
     """y = x W^T (+ b with `bias`), W stored [out_features, in_features] as checkpoints store it.
 
-    Products run as the module docstring explains: on CPU in float32 skinny or F.linear, as
-    this machine runs faster (`uses_skinny`), widened on CPU in
+    Products run as the module docstring explains: on CPU in float32 the product this machine
+    runs fastest at the row count (`fp32_kind`), widened on CPU in
     bf16 when `widening` is given (from `widening_for`), F.linear otherwise (cuBLAS, native bf16,
     or a single bf16 row)."""
 
@@ -166,7 +191,8 @@ class Linear(nn.Module):
     def cost_rows(self, rows: int) -> int:
         """The row count a product over `rows` rows costs like (skinny products pad)."""
         fp32 = self.cpu_fp32 or (self.widening is not None and rows > 1)
-        return skinny_rows(rows) if fp32 and uses_skinny(rows, tuple(self.weight.shape)) else rows
+        return skinny_rows(rows) if fp32 and fp32_kind(rows, tuple(self.weight.shape)) == "skinny" \
+            else rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         out = self._product(x)
@@ -174,13 +200,13 @@ class Linear(nn.Module):
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.cpu_fp32:
-            return _cpu_fp32_product(self.weight, x, x.dtype,
-                                     uses_skinny(x.shape[0], tuple(self.weight.shape)))
+            return cpu_fp32_product(self.weight, x, x.dtype,
+                                    fp32_kind(x.shape[0], tuple(self.weight.shape)))
         if self.widening is None or x.shape[0] == 1:
             return F.linear(x, self.weight)
         wide_x = x.float()
         chunk_rows = max(1, WIDEN_CHUNK_ELEMENTS // self.weight.shape[1])
-        skinny = uses_skinny(x.shape[0], tuple(self.weight.shape))
-        parts = [_cpu_fp32_product(self.widening.widen(chunk), wide_x, x.dtype, skinny)
+        kind = fp32_kind(x.shape[0], tuple(self.weight.shape))
+        parts = [cpu_fp32_product(self.widening.widen(chunk), wide_x, x.dtype, kind)
                  for chunk in self.weight.split(chunk_rows)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

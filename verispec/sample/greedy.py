@@ -24,7 +24,7 @@ def greedy_chains(
 ) -> list[list[int]]:  # per request its emitted tokens
     """Each request accepts its drafts while they equal the argmax of their target rows, then
     emits the argmax of the next row (the first maximum of a row, as rejection_sample takes it)."""
-    best = _argmax_rows(target_logits)
+    best = argmax_rows(target_logits)
     emitted = []
     row = 0
     for drafts in draft_token_ids:
@@ -36,7 +36,8 @@ def greedy_chains(
     return emitted
 
 
-def _argmax_rows(x: torch.Tensor) -> list[int]:  # [N, V] -> N indices
+def argmax_rows(x: torch.Tensor) -> list[int]:  # [N, V] -> N indices
+    """The first maximum of each row."""
     if x.device.type == "cpu" and x.dtype == torch.float32:
         # numpy's argmax is vectorized (~4 us a row of 49,152 on 2 cores); torch's CPU
         # max(dim) is not (~45 us). Both return the first maximum.

@@ -80,9 +80,10 @@ class DraftModelDrafter(Drafter):
                                           self.runner.forward(feeds), position)
             position += 1
             still = []
-            for i, token, q in zip(active, tokens, probs):
+            for j, (i, token) in enumerate(zip(active, tokens)):
                 drafts[i].append(token)
-                rows[i].append(q)
+                if probs is not None:  # None: greedy drafts (sample_drafts)
+                    rows[i].append(probs[j])
                 # The next round feeds this draft token (its slot reserved by _sync); the last
                 # round's draft is never fed.
                 if requests[i].num_draft_tokens > position:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..sample import SamplingMetadata
+from ..sample.greedy import argmax_rows
 from ..sample.penalties import PrecedingTokens
 from ..sample.processors import process_logits
 from ..sample.ragged import sample_inverse_cdf
@@ -71,10 +72,15 @@ def sample_drafts(
     drafted: list[list[int]],  # their drafts so far, the tail of their penalty history
     logits: torch.Tensor,  # [R, V] draft logits, one row per active request
     position: int,  # the draft position (0 for the first draft of the step)
-) -> tuple[list[int], torch.Tensor]:  # tokens, q rows [R, V]
+) -> tuple[list[int], torch.Tensor | None]:  # tokens, q rows [R, V] or None
     """Draws one draft token per active request. A row whose pipeline leaves no token (a
     reduced draft vocabulary with allowed_token_ids outside it) has a NaN q; `drafted_rows`
-    tells the caller which rows are usable."""
+    tells the caller which rows are usable. When every request of the call is greedy without
+    penalties, bias or masks, the draft is the argmax of the logits and q is not built (None:
+    one-hot, which greedy verification never reads): a softmax, a draw and a slow argmax over
+    the vocabulary per draft spared (~0.5 ms of a ~5 ms draft pass of the embedded model)."""
+    if sampling.all_greedy and sampling.adjustments is None:
+        return argmax_rows(grammar_masked(sampling, active, drafted, logits)), None
     device = logits.device
     rows = torch.tensor(active, dtype=torch.int64, device=device)
     logits = grammar_masked(sampling, active, drafted, logits)
@@ -116,7 +122,7 @@ def sample_from_draft_vocab(
     if sampling.all_greedy and sampling.adjustments is None:
         # A grammar masks the head's own columns (no q over the whole vocabulary is needed).
         logits = grammar_masked(sampling, active, drafted, logits, vocab)
-        return vocab[logits.argmax(dim=-1)].tolist(), None, [True] * len(active)
+        return vocab[argmax_rows(logits)].tolist(), None, [True] * len(active)
     tokens, q = sample_drafts(sampling, active, drafted, widen_vocab(logits, vocab, vocab_size), position)
     return tokens, q, drafted_rows(q)
 
