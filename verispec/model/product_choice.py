@@ -31,7 +31,7 @@ _log = logging.getLogger("verispec")
 ENV = "VERISPEC_FP32_PRODUCT"
 KINDS = ("linear", "skinny", "compiled")
 # Row counts measured; a product of r rows follows the smallest of them >= r.
-ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+ROW_COUNTS = (1, 2, 4, 6, 8, 16, 32, 64)  # 6: a verify step at K = 5
 # The compiled product is timed up to this many rows: beyond, it reads the weights once per
 # eight rows and BLAS wins.
 COMPILED_MAX_ROWS = 16
