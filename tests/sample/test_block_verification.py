@@ -14,6 +14,7 @@ implementation is the rule.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Callable
@@ -416,7 +417,9 @@ def test_engine_greedy_block_equals_plain(monkeypatch) -> None:
     monkeypatch.setattr(block, "verify_block", lambda *args: calls.append(1) or original(*args))
     plain = generate(SpeculativeConfig(), None)
     assert not calls
-    blocked = generate(SpeculativeConfig(method="ngram", num_speculative_tokens=4, verification="block"),
-                       NgramDrafter(1, 3, 4))
-    assert blocked == plain
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, verification="block")
+    assert generate(spec, NgramDrafter(1, 3, 4)) == plain
+    assert not calls  # plain greedy requests take the host rule (sample/greedy.py), the same
+    params = dataclasses.replace(params, logprobs=0)  # through the sampler
+    assert generate(spec, NgramDrafter(1, 3, 4)) == plain
     assert calls  # the engine verified with the block rule

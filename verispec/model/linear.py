@@ -112,9 +112,11 @@ def cpu_fp32_product(
     dtype: torch.dtype,
     kind: str,  # product_choice.KINDS
 ) -> torch.Tensor:  # [T, N] in dtype, contiguous
+    """The product of `kind`; F.linear for "compiled" where autograd records (training a head:
+    the compiled product has no backward)."""
     if kind == "skinny":
         return skinny_product(weight, x, dtype)
-    if kind == "compiled":
+    if kind == "compiled" and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return compiled_product(weight, x, dtype)
     return F.linear(x, weight).to(dtype)
 
