@@ -106,3 +106,14 @@ def test_cost_rows_follow_the_padding_of_each_strategy(monkeypatch) -> None:
     for kind in ("linear", "compiled"):  # products that do not pad
         choose(monkeypatch, kind)
         assert [skinny.cost_rows(r) for r in (1, 3, 7, 17, 65)] == [1, 3, 7, 17, 65]
+
+
+def test_products_autograd_records_stay_differentiable(monkeypatch) -> None:
+    """A head's training multiplies through Linear: the compiled product has no backward, so
+    where autograd records, F.linear runs instead."""
+    choose(monkeypatch, "compiled")
+    layer = make_linear(torch.float32, None)
+    layer.weight.requires_grad_(True)
+    x = torch.randn(3, 16, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.detach().sum(0).expand(3, 16))
