@@ -104,7 +104,8 @@ def main() -> None:
             row = dict(profile_one(llm, batch, args.max_tokens, on_gpu, args.rounds), draft=draft)
             rows.append(row)
             print(f"{draft:<8} {batch:>5} {row['steps']:>5} {row['tok_per_s']:>8.1f} {row['wall_ms_per_step']:>12.2f}"
-                  f" {row['busy_ms_per_step']:>12.2f} {row['overhead_share']:>8.0%} {row['launches_per_step']:>13.0f}")
+                  f" {row['busy_ms_per_step']:>12.2f} {row['overhead_share']:>8.0%}"
+                  f" {row['launches_per_step']:>13.0f}")
             for name, us, count in row["top_device_kernels_us_per_step"] or row["top_host_ops_us_per_step"]:
                 print(f"    {us:>9.1f} us {count:>6.1f}x  {name}")
     write_json(args.json, torch.device(args.device), rows)

@@ -148,7 +148,6 @@ void qlinear_into(const QuantizedRows& x, const Panels& w, Kernel kernel, float*
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
 }
 
-
 namespace {
 
 template <typename Scale>

@@ -29,7 +29,7 @@ from torch import nn
 from verispec.model.product_choice import KINDS, ProductChoice, product_choice
 from verispec.model.quant.kernels import compiled_kernels
 
-# Up to this many rows, CPU float32 products may take the skinny path (where it is faster).
+# Up to this many rows, CPU float32 products may run other than F.linear (where faster).
 SKINNY_MAX_ROWS = 64
 # Weight elements widened at a time: 8 MB of float32, which stays in cache for the multiply.
 WIDEN_CHUNK_ELEMENTS = 1 << 21
@@ -97,7 +97,7 @@ def compiled_product(
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [T, N] in dtype
     """verispec's float32 product (csrc/f32linear.h): a row's result whatever the other rows."""
-    return compiled_kernels().f32_linear(x, weight, _f32_isa()).to(dtype)
+    return compiled_kernels().f32_linear(x, weight.contiguous(), _f32_isa()).to(dtype)
 
 
 def fp32_kinds() -> tuple[str, ...]:
@@ -116,7 +116,8 @@ def cpu_fp32_product(
     the compiled product has no backward)."""
     if kind == "skinny":
         return skinny_product(weight, x, dtype)
-    if kind == "compiled" and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    recorded = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if kind == "compiled" and not recorded:
         return compiled_product(weight, x, dtype)
     return F.linear(x, weight).to(dtype)
 
