@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from verispec import SamplingParams
 from verispec.engine.kv_cache import BlockManager
 from verispec.engine.runner import Feed, ModelRunner
+from verispec.model import AttentionMetadata
 from verispec.sample.reference import reference_probs
 from verispec.model.quant.linear import QuantLinear, quantize_linears_
 from verispec.spec_decode.draft_model import DraftModelDrafter
@@ -84,10 +86,13 @@ def test_the_int4_copys_own_samples_fail_the_same_test() -> None:
     assert not _pairs_fit(target, pairs, params)
 
 
-def test_an_int8_eagle_head_on_a_4_bit_target_keeps_the_output_exact() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-layer", "torch-layer"])
+def test_an_int8_eagle_head_on_a_4_bit_target_keeps_the_output_exact(compiled: bool) -> None:
     target = tiny_model(**TARGET, quantization=(4, 32))
     head = new_head(HeadConfig.for_target("eagle", target.config), target, torch.arange(VOCAB))
     assert quantize_linears_(head) == sum(isinstance(m, QuantLinear) for m in head.modules()) > 0
+    if compiled and not head.compile_layer():  # as LLM does on a quantized target
+        pytest.skip("the compiled kernels are not built here")
     engine = fixed_k_engine(target, EagleDrafter(head, num_blocks=8192, block_size=4), max_seqs=1024,
                             num_blocks=16384)
     # The head drafts from the second step on (it reads the target's hidden states): y2 is
@@ -99,3 +104,33 @@ def test_an_int8_eagle_head_on_a_4_bit_target_keeps_the_output_exact() -> None:
     assert 0.02 * drafted < sum(o.stats.num_accepted_tokens for o in done.values()) < 0.9 * drafted
     pairs = torch.tensor([done[i].token_ids[:2] for i in ids])
     assert _pairs_fit(target, pairs, params)
+
+
+def test_the_compiled_eagle_layer_computes_the_torch_layers_features() -> None:
+    """EagleHead.compile_layer runs the int8 head's decoder layer as one compiled call: the
+    same features as its torch operations, up to float rounding (a prefill of 6 rows, then one
+    more row against the cache each wrote)."""
+    target = tiny_model(**TARGET, quantization=(4, 32))
+    head = new_head(HeadConfig.for_target("eagle", target.config), target, torch.arange(VOCAB))
+    quantize_linears_(head)
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(7, target.config.hidden_size, generator=gen)
+    ids = torch.randint(0, VOCAB, (7,), generator=gen)
+
+    def run() -> torch.Tensor:  # [7, d]
+        caches = head.allocate_kv_cache(4, 4)
+        outs = []
+        for start, n in ((0, 6), (6, 1)):
+            attn = AttentionMetadata.build([n], [start + n], [[0, 1]], 4)
+            with torch.no_grad():
+                outs.append(head(features[start:start + n], ids[start:start + n], attn.positions(),
+                                 attn, caches))
+        return torch.cat(outs)
+
+    layers = run()
+    if not head.compile_layer():
+        pytest.skip("the compiled kernels are not built here")
+    compiled = run()
+    # Measured: 1.9e-7 of the largest value (int8 activations can turn a rounding difference
+    # into another rounding of a value; a wrong weight or rotary would move them by far more).
+    assert (compiled - layers).abs().max() < 1e-3 * layers.abs().max()

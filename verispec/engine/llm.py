@@ -117,6 +117,8 @@ def _learned_drafter(kind: str, path: str | None, model: LlamaModel, num_blocks:
                          f"--kind {kind} --model ...` and pass its file as draft") from None
     if model.quantized:  # int8 products, as the target's own run (quantize_linears_)
         quantize_linears_(head, bits=8)
+        if kind == "eagle":
+            head.compile_layer()
     if kind == "eagle":
         return EagleDrafter(head, num_blocks, block_size, prefix_caching,
                             EAGLE_COST_QUANTIZED if model.quantized else EAGLE_COST)

@@ -53,9 +53,10 @@ from .trees import GrownTree, TreeBatch, TreeShape
 # One head pass per draft position (the first also feeds the newly confirmed features): the
 # EAGLE layer and the restricted LM head, 0.09 of the target step's fixed cost, plus 0.011 per
 # drafting request (the embedded model on CPU, measured with bench/draft_cost.py). Against the
-# 4-bit target's step, about 8x cheaper, the int8 head's passes and their Python cost more.
+# 4-bit target's step, about 8x cheaper, the int8 head's passes and their Python cost more
+# (its layer compiled, EagleHead.compile_layer: 0.58 of the step at depth 1, 0.91 at depth 4).
 EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
-EAGLE_COST_QUANTIZED = DraftCost(per_call=0.33, per_request=0.037, per_position=0.14, per_row=0.046)
+EAGLE_COST_QUANTIZED = DraftCost(per_call=0.47, per_request=0.045, per_position=0.083, per_row=0.023)
 
 
 class EagleDrafter(Drafter):

@@ -41,6 +41,7 @@ from ..model import AttentionMetadata, LlamaModel, ModelConfig
 from ..model.attention import AttentionPlan
 from ..model.linear import Linear
 from ..model.llama import DecoderLayer, rms_norm
+from ..model.quant.decoder import build_stack
 from ..model.rotary import RotaryEmbedding
 
 KINDS = ("eagle", "medusa")
@@ -197,6 +198,7 @@ class EagleHead(_Head):
         self.fc = Linear(2 * d, d, target.dtype, target.device, target.widening)
         self.layer = DecoderLayer(config.layer_config(), target.dtype, target.device, target.widening)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, target.dtype, target.device)
+        self._stack = None  # the layer as one compiled call (compile_layer), or None
         if config.fused_layers:
             self.fuse = Linear(len(config.fused_layers) * d, d, target.dtype, target.device, target.widening)
             self.norm = nn.Parameter(torch.ones(2 * d, dtype=target.dtype, device=target.device))  # doubled, see rms_norm
@@ -219,6 +221,14 @@ class EagleHead(_Head):
         shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         return [torch.zeros(shape, dtype=self.dtype, device=self.draft_vocab.device)]
 
+    def compile_layer(self) -> bool:
+        """Runs the decoder layer as one compiled call (verispec.model.quant.decoder, row-by-row
+        attention over the head's float32 cache) from now on, where its weights are all in
+        panels (after quantize_linears_, on a quantized target); returns whether it does. As
+        torch operations the layer cost about a third of the 4-bit target's step per draft."""
+        self._stack = build_stack([self.layer], [0], [0])
+        return self._stack is not None
+
     def forward(
         self,
         features: torch.Tensor,  # [T, d] f_t of each row (true or predicted)
@@ -227,10 +237,16 @@ class EagleHead(_Head):
         attn: AttentionMetadata,
         kv_caches: list[torch.Tensor],  # one layer's cache
     ) -> torch.Tensor:  # [T, d] predicted f_{t+1}
-        plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
-                             widen_decode=self.widening is not None)
         cos, sin = self.rotary.angles(positions)
         x = self.fc(torch.cat((self._target_embed(input_ids), features), dim=-1))
+        if self._stack is not None:
+            plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True)
+            x = x.contiguous()
+            self._stack.forward(x, 0, 1, [cos], [sin], kv_caches, attn.slot_mapping,
+                                [plan.rows.tensors()])
+            return x
+        plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
+                             widen_decode=self.widening is not None)
         return self.layer(x, cos, sin, kv_caches[0], plan)
 
 
