@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from verispec.files import cache_dir
 from verispec.model import hf_checkpoint
@@ -106,12 +107,15 @@ def converted_checkpoint_dir(model: str | os.PathLike[str] | None = None,
     return converted
 
 
-def quantize_weights(weights: dict[str, torch.Tensor], bits: int,
-              group_size: int) -> dict[str, torch.Tensor | QuantizedWeight]:
+def quantize_weights(weights: dict[str, torch.Tensor], bits: int, group_size: int,
+                     progress: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Round-to-nearest blocks for every 2-D weight (module docstring); a weight whose width
-    the group does not divide takes the largest group that does, or stays float32."""
+    the group does not divide takes the largest group that does, or stays float32. int4's
+    least-squares grids take ~10 s for the embedded model's 135 M weights (once: then cached),
+    so `progress` shows a bar."""
     out: dict[str, torch.Tensor | QuantizedWeight] = {}
-    for name, weight in weights.items():
+    for name, weight in tqdm(weights.items(), desc=f"Quantizing to int{bits}-g{group_size}",
+                             unit="tensor", disable=not progress):
         matrix_bits = 8 if name in ("model.embed_tokens.weight", "lm_head.weight") else bits
         groups = [g for g in GROUP_SIZES if g <= group_size and weight.shape[-1] % g == 0]
         if weight.dim() != 2 or not groups:
@@ -141,13 +145,14 @@ def _build(model: object, config: ModelConfig, weights: dict[str, torch.Tensor |
 
 
 def _load_directory(directory: Path, dtype: torch.dtype, device: torch.device,
-                    rtn: tuple[int, int] | None) -> tuple[LlamaModel, Tokenizer]:
+                    rtn: tuple[int, int] | None, progress: bool) -> tuple[LlamaModel, Tokenizer]:
     config = hf_checkpoint.read_config(directory)
     eos = config.eos_token_ids[0] if config.eos_token_ids else None
     tokenizer = Tokenizer.from_directory(directory, config.bos_token_id, eos)
     weights = hf_checkpoint.read_weights(directory, config)
     if rtn is not None:
-        return _build(directory, config, quantize_weights(weights, *rtn), dtype, device, True), tokenizer
+        return _build(directory, config, quantize_weights(weights, *rtn, progress), dtype, device,
+                      True), tokenizer
     return _build(directory, config, weights, dtype, device), tokenizer
 
 
@@ -221,10 +226,11 @@ def load_model(
     elif is_gguf:
         converted = _convert(path, progress)
         if isinstance(converted, Path):
-            loaded = _load_directory(converted, dtype, device, rtn)
+            loaded = _load_directory(converted, dtype, device, rtn, progress)
         else:
-            loaded = _build(path, converted.config, quantize_weights(converted.weights, *rtn),
-                            dtype, device, True), converted.tokenizer
+            weights = quantize_weights(converted.weights, *rtn, progress)
+            loaded = _build(path, converted.config, weights, dtype, device, True), \
+                converted.tokenizer
     else:
         loaded = _load_float(model, path, is_gguf, dtype, device, progress, rtn)
     try:
@@ -243,11 +249,11 @@ def _load_float(model: object, path: Path, is_gguf: bool, dtype: torch.dtype,
     if is_gguf:
         converted = _convert(path, progress)
         if isinstance(converted, Path):
-            return _load_directory(converted, dtype, device, rtn)
+            return _load_directory(converted, dtype, device, rtn, progress)
         return _build(path, converted.config, converted.weights, dtype, device), \
             converted.tokenizer
     if path.is_dir() and (path / "config.json").is_file():
-        return _load_directory(path, dtype, device, rtn)
+        return _load_directory(path, dtype, device, rtn, progress)
     if not path.exists():
         raise ValueError(f"model={str(model)!r}: no such file or directory")
     raise ValueError(f"model={str(model)!r} is invalid: expected a .gguf file or a Hugging Face "
