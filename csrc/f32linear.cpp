@@ -1,4 +1,5 @@
 #include "f32linear.h"
+#include "qlinear.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -7,7 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <utility>
 
 namespace verispec {
@@ -129,13 +129,9 @@ constexpr auto kAvx512 = block_table<Avx512Block>(std::make_integer_sequence<int
 constexpr auto kAvx2 = block_table<Avx2Block>(std::make_integer_sequence<int, 4>{});
 constexpr auto kPortable = block_table<PortableBlock>(std::make_integer_sequence<int, 1>{});
 
-bool forced_generic() {
-  const char* forced = std::getenv("VERISPEC_CPU_KERNEL");
-  return forced != nullptr && std::string(forced) == "generic";
-}
-bool has_avx512() { return !forced_generic() && __builtin_cpu_supports("avx512f"); }
+bool has_avx512() { return !portable_forced() && __builtin_cpu_supports("avx512f"); }
 bool has_avx2() {
-  return !forced_generic() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return !portable_forced() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 bool always() { return true; }
 

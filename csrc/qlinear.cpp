@@ -38,9 +38,14 @@ const Isa kIsas[] = {
 
 }  // namespace
 
+bool portable_forced() {
+  static const bool forced = std::getenv("VERISPEC_CPU_KERNEL") != nullptr &&
+                             std::string(std::getenv("VERISPEC_CPU_KERNEL")) == "generic";
+  return forced;
+}
+
 bool use_avx2_f16c() {
-  static const bool yes = has_avx2() && !(std::getenv("VERISPEC_CPU_KERNEL") &&
-                                          std::string(std::getenv("VERISPEC_CPU_KERNEL")) == "generic");
+  static const bool yes = has_avx2() && !portable_forced();
   return yes;
 }
 

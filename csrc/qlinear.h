@@ -22,8 +22,12 @@ Kernel kernel_for(const std::string& isa);
 // The instruction sets this CPU runs, best first.
 std::vector<std::string> supported_isas();
 
+// Whether VERISPEC_CPU_KERNEL forces "generic" (read once): every compiled loop then takes its
+// portable path.
+bool portable_forced();
+
 // Whether the other compiled loops (attention, float16 conversions) take their AVX2 + F16C
-// paths: the CPU has them and VERISPEC_CPU_KERNEL does not force "generic" (read once).
+// paths: the CPU has them and the portable paths are not forced.
 bool use_avx2_f16c();
 
 // One weight in panels (verispec/model/quant/formats.py, PanelWeight).
