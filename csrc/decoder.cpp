@@ -19,13 +19,22 @@ torch::Tensor optional_tensor(const py::dict& layer, const char* key) {
 LinearLayer linear_of(const py::dict& layer, const char* key) {
   const auto spec = layer[key].cast<py::tuple>();
   LinearLayer linear;
-  for (const py::handle& item : spec[0].cast<py::list>()) {
-    const auto part = item.cast<py::tuple>();
-    linear.parts.push_back(Panels{part[0].cast<torch::Tensor>(), part[1].cast<torch::Tensor>(),
-                                  part[2].is_none() ? torch::Tensor() : part[2].cast<torch::Tensor>(),
-                                  part[3].cast<int64_t>(), part[4].cast<int64_t>(),
-                                  part[5].cast<int64_t>()});
-    linear.out += linear.parts.back().n;
+  if (THPVariable_Check(spec[0].ptr())) {
+    linear.dense = spec[0].cast<torch::Tensor>();
+    TORCH_CHECK(linear.dense.dim() == 2 && linear.dense.scalar_type() == torch::kFloat32 &&
+                    linear.dense.is_contiguous(),
+                key, "'s dense weight must be a contiguous [out, in] float32 tensor");
+    linear.out = linear.dense.size(0);
+    linear.in = linear.dense.size(1);
+  } else {
+    for (const py::handle& item : spec[0].cast<py::list>()) {
+      const auto part = item.cast<py::tuple>();
+      linear.parts.push_back(Panels{part[0].cast<torch::Tensor>(), part[1].cast<torch::Tensor>(),
+                                    part[2].is_none() ? torch::Tensor() : part[2].cast<torch::Tensor>(),
+                                    part[3].cast<int64_t>(), part[4].cast<int64_t>(),
+                                    part[5].cast<int64_t>()});
+      linear.out += linear.parts.back().n;
+    }
   }
   if (!spec[1].is_none()) linear.bias = spec[1].cast<torch::Tensor>();
   return linear;
@@ -33,6 +42,8 @@ LinearLayer linear_of(const py::dict& layer, const char* key) {
 
 void check_linear(const LinearLayer& linear, int64_t in, int64_t out, const char* name) {
   TORCH_CHECK(linear.out == out, name, " has ", linear.out, " output columns: expected ", out);
+  TORCH_CHECK(!linear.dense.defined() || linear.in == in, name, " takes ", linear.in,
+              " input columns: expected ", in);
   for (const Panels& part : linear.parts) part.check(in);
   TORCH_CHECK(!linear.bias.defined() || (linear.bias.scalar_type() == torch::kFloat32 &&
                                          linear.bias.is_contiguous() && linear.bias.numel() == out),
@@ -45,16 +56,44 @@ void check_norm(const torch::Tensor& weight, int64_t width, const char* name) {
               name, " must be contiguous float32 [", 2 * width, "]");
 }
 
-// The products of rows x (quantized once) with every part, side by side in y, plus the bias.
-void apply(const LinearLayer& linear, const QuantizedRows& x, Kernel kernel, float* y) {
-  int64_t column = 0;
-  for (const Panels& part : linear.parts) {
-    qlinear_into(x, part, kernel, y + column, linear.out);
-    column += part.n;
+// y [rows, out] = x [rows, in] times the dense weight transposed, as `product` says (decoder.h).
+void dense_product(const LinearLayer& linear, const float* x, int64_t rows, int64_t product,
+                   const std::string& isa, float* y) {
+  const float* w = linear.dense.data_ptr<float>();
+  if (product == kCompiled) return f32_linear(x, rows, linear.in, w, linear.out, y, isa);
+  RECORD_USER_SCOPE("verispec::product");
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  const auto xs = torch::from_blob(const_cast<float*>(x), {rows, linear.in}, options);
+  auto ys = torch::from_blob(y, {rows, linear.out}, options);
+  if (product == kLinear) {
+    at::mm_out(ys, xs, linear.dense.t());
+    return;
+  }
+  TORCH_CHECK(product >= rows, "a skinny product pads ", rows, " rows to ", product);
+  // Real zero rows: BLAS takes a slow path for expanded (stride-0) ones.
+  auto padded = torch::zeros({product, linear.in}, options);
+  padded.narrow(0, 0, rows).copy_(xs);
+  ys.copy_(at::mm(linear.dense, padded.t()).narrow(1, 0, rows).t());
+}
+
+// y [rows, out] = x [rows, in] times the layer's weight transposed, plus the bias: quantized
+// parts take x quantized once (into `scratch`), side by side in y; a dense weight `product`.
+void project(const LinearLayer& linear, const float* x, int64_t rows, int64_t in,
+             int64_t product, Kernel kernel, const std::string& isa, QuantizedRows& scratch,
+             float* y) {
+  if (linear.dense.defined()) {
+    dense_product(linear, x, rows, product, isa, y);
+  } else {
+    scratch.quantize(x, rows, in);
+    int64_t column = 0;
+    for (const Panels& part : linear.parts) {
+      qlinear_into(scratch, part, kernel, y + column, linear.out);
+      column += part.n;
+    }
   }
   if (!linear.bias.defined()) return;
   const float* bias = linear.bias.data_ptr<float>();
-  for (int64_t r = 0; r < x.rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < linear.out; ++c) y[r * linear.out + c] += bias[c];
   }
 }
@@ -112,7 +151,8 @@ DecoderStack::DecoderStack(const std::vector<py::dict>& layers, int64_t heads, i
                            const py::object& head)
     : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
       eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
-      softcap_(static_cast<float>(softcap)), gelu_(gelu), kernel_(kernel_for(isa)) {
+      softcap_(static_cast<float>(softcap)), gelu_(gelu), kernel_(kernel_for(isa)),
+      f32_isa_(f32_isas().front()) {
   TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0,
               "heads=", heads, ", kv_heads=", kv_heads, ", head_dim=", head_dim, " are invalid");
   for (const py::dict& layer : layers) {
@@ -159,7 +199,8 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
                            const std::vector<torch::Tensor>& sin,
                            const std::vector<torch::Tensor>& kv_caches,
                            const torch::Tensor& slot_mapping,
-                           const std::vector<std::vector<torch::Tensor>>& plans) const {
+                           const std::vector<std::vector<torch::Tensor>>& plans,
+                           const std::vector<int64_t>& products) const {
   const int64_t layers = num_layers();
   TORCH_CHECK(0 <= begin && begin <= end && end <= layers, "layers [", begin, ", ", end,
               ") are not within [0, ", layers, ")");
@@ -171,6 +212,12 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   const int64_t rows = hidden.size(0), width = hidden.size(1);
   const int64_t dim = head_dim_, inter = intermediate_;
   const int64_t qkv_width = (heads_ + 2 * kv_heads_) * dim, attn_width = heads_ * dim;
+  TORCH_CHECK(products.size() == 4, "products has ", products.size(),
+              " entries: expected 4 (qkv, o, gate_up, down)");
+  for (const int64_t product : products) {
+    TORCH_CHECK(product == kCompiled || product == kLinear || product >= rows, "product ",
+                product, " cannot run ", rows, " rows");
+  }
   TORCH_CHECK(cos.size() == sin.size(), "cos and sin differ in length");
   for (size_t i = 0; i < cos.size(); ++i) {
     for (const torch::Tensor* t : {&cos[i], &sin[i]}) {
@@ -217,8 +264,7 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
     const torch::Tensor& cache = kv_caches[i];
 
     rms_norm_rows(h, x.data(), w.input_norm, rows, width, width, eps_);
-    quantized.quantize(x.data(), rows, width);
-    apply(w.qkv, quantized, kernel_, qkv.data());
+    project(w.qkv, x.data(), rows, width, products[0], kernel_, f32_isa_, quantized, qkv.data());
     const float* c = cos[w.rope].data_ptr<float>();
     const float* s = sin[w.rope].data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
@@ -241,24 +287,24 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
     }
     attend_rows(qkv.data(), qkv_width, rows, heads_, dim, cache, row_plans[w.plan], scale_,
                 softcap_, attn.data());
-    quantized.quantize(attn.data(), rows, attn_width);
-    apply(w.o, quantized, kernel_, out.data());
+    project(w.o, attn.data(), rows, attn_width, products[1], kernel_, f32_isa_, quantized,
+            out.data());
     if (w.attn_out_norm.defined()) {
       rms_norm_rows(out.data(), out.data(), w.attn_out_norm, rows, width, width, eps_);
     }
     for (int64_t k = 0; k < rows * width; ++k) h[k] += out[k];
 
     rms_norm_rows(h, x.data(), w.post_attention_norm, rows, width, width, eps_);
-    quantized.quantize(x.data(), rows, width);
-    apply(w.gate_up, quantized, kernel_, gate_up.data());
+    project(w.gate_up, x.data(), rows, width, products[2], kernel_, f32_isa_, quantized,
+            gate_up.data());
     for (int64_t r = 0; r < rows; ++r) {
       const float* gate = gate_up.data() + r * 2 * inter;
       const float* up = gate + inter;
       float* dst = act.data() + r * inter;
       (gelu_ ? gelu_mul : silu_mul)(gate, up, dst, inter);
     }
-    quantized.quantize(act.data(), rows, inter);
-    apply(w.down, quantized, kernel_, out.data());
+    project(w.down, act.data(), rows, inter, products[3], kernel_, f32_isa_, quantized,
+            out.data());
     if (w.mlp_out_norm.defined()) {
       rms_norm_rows(out.data(), out.data(), w.mlp_out_norm, rows, width, width, eps_);
     }
@@ -266,8 +312,8 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   }
 }
 
-torch::Tensor DecoderStack::logits(const torch::Tensor& hidden,
-                                   const torch::Tensor& indices) const {
+torch::Tensor DecoderStack::logits(const torch::Tensor& hidden, const torch::Tensor& indices,
+                                   int64_t product) const {
   TORCH_CHECK(has_head(), "this stack was built without the final norm and LM head");
   const int64_t width = final_norm_.numel() / 2;
   TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32 &&
@@ -277,6 +323,8 @@ torch::Tensor DecoderStack::logits(const torch::Tensor& hidden,
                   indices.is_contiguous(),
               "indices must be a contiguous [R] int64 tensor");
   const int64_t rows = indices.numel();
+  TORCH_CHECK(product == kCompiled || product == kLinear || product >= rows, "product ",
+              product, " cannot run ", rows, " rows");
   const int64_t* index = indices.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(0 <= index[r] && index[r] < hidden.size(0), "row ", index[r],
@@ -291,8 +339,8 @@ torch::Tensor DecoderStack::logits(const torch::Tensor& hidden,
     rms_norm_rows(h + index[r] * width, x.data() + r * width, final_norm_, 1, width, width, eps_);
   }
   QuantizedRows quantized;
-  quantized.quantize(x.data(), rows, width);
-  apply(lm_head_, quantized, kernel_, y.data_ptr<float>());
+  project(lm_head_, x.data(), rows, width, product, kernel_, f32_isa_, quantized,
+          y.data_ptr<float>());
   return y;
 }
 

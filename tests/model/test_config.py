@@ -52,7 +52,10 @@ def test_model_rejects_bad_dtype_and_cache_sizes() -> None:
         model.allocate_kv_cache(4, 0)
     caches = model.allocate_kv_cache(3, 8)
     assert len(caches) == 2 and caches[0].shape == (2, 3, 8, 2, 16)
-    assert caches[0].dtype == torch.float32 and not caches[0].any()
+    assert caches[0].dtype == torch.float32
+    # SDPA (bfloat16 here) needs zeros in unwritten slots; the row-by-row attention reads none.
+    sdpa = LlamaModel(ModelConfig(**GOOD), dtype=torch.bfloat16)
+    assert not sdpa.rowwise_attention and not sdpa.allocate_kv_cache(3, 8)[0].any()
 
 
 @pytest.mark.parametrize("fields,expected", [

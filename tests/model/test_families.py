@@ -18,6 +18,8 @@ from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.model import load_model
 from verispec.model.config import RopeScaling
+from verispec.model.linear import STACK_COMPILED, STACK_LINEAR, skinny_rows
+from verispec.model.quant import decoder as stack_module
 from verispec.model.rotary import RotaryEmbedding
 from verispec.sampling_params import SamplingParams
 from verispec.spec_decode.draft_model import DraftModelDrafter
@@ -199,6 +201,51 @@ def test_compiled_layers_equal_the_torch_layers(family, tmp_path, monkeypatch) -
         # into a different rounding of one value. Measured: 0 to 3e-7 of the logits' range,
         # 3e-5 (Gemma 2) and 1.5e-3 (Gemma 3, sharp attention); a bias off by 1 moves them 5%.
         assert (ours - theirs).abs().max() < 5e-3 * theirs.abs().max()
+
+
+@pytest.mark.parametrize("product", ["compiled", "linear", "skinny"])
+def test_float32_compiled_layers_equal_the_torch_layers(family, product, monkeypatch) -> None:
+    """A float32 model on the CPU runs the same compiled stack over its dense weights, each
+    product as the per-machine choice may pick it (forced here): the torch layers' logits up to
+    float rounding. With the compiled product at every row count a row does not depend on the
+    others, so decoding token by token gives the prefill's logits bit for bit."""
+    model = family.ours
+    if model._compiled_stack() is None:
+        pytest.skip("the compiled kernels are not built here")
+    assert model.rowwise_attention and model._compiled_stack().has_head
+
+    def code(rows: int, shape: tuple[int, int]) -> int:
+        return {"compiled": STACK_COMPILED, "linear": STACK_LINEAR}.get(product, skinny_rows(rows))
+
+    monkeypatch.setattr(stack_module, "stack_product", code)
+    prompts = [_ids(24, 1), _ids(24, 2)]
+    schedule = [[10, 1], [9, 1], [5, 5]] + [[0, 1]] * 17
+    compiled = run_schedule(model, prompts, schedule)
+    model.compiled_layers = False
+    try:
+        layers = run_schedule(model, prompts, schedule)
+    finally:
+        model.compiled_layers = True
+    for ours, theirs in zip(compiled, layers):
+        # Measured: up to 7e-7 of the logits' range (2e-6 for Gemma 3's sharp attention: the
+        # norms' and products' sums run in another order); a dropped bias fails it.
+        assert (ours - theirs).abs().max() < 1e-5 * theirs.abs().max()
+    if product == "compiled":
+        ids = _ids(24, 1)
+        assert torch.equal(run_schedule(model, [ids], [[1]] * 24)[0],
+                           run_schedule(model, [ids], [[24]])[0])
+
+
+def test_the_stack_names_bad_products(family) -> None:
+    stack = family.ours._compiled_stack()
+    if stack is None:
+        pytest.skip("the compiled kernels are not built here")
+    hidden = torch.zeros(3, family.ours.config.hidden_size)
+    with pytest.raises(RuntimeError, match="product 2 cannot run 3 rows"):
+        stack.logits(hidden, torch.arange(3), 2)
+    with pytest.raises(RuntimeError, match="products has 3 entries: expected 4"):
+        stack.forward(hidden, 0, 0, [], [], family.ours.allocate_kv_cache(1, 16),
+                      torch.zeros(3, dtype=torch.int64), [], [0, 0, 0])
 
 
 def test_sliding_window_is_config(family) -> None:

@@ -146,7 +146,7 @@ def test_compiled_layers_give_the_torch_layers_logits_and_hidden_states(stored) 
     stack = model._compiled_stack()
     assert stack.has_head  # the final norm and the LM head too (torch: rms_norm, QuantLinear)
     with pytest.raises(RuntimeError, match="row 9 is not within"):
-        stack.logits(torch.zeros(9, model.config.hidden_size), torch.tensor([9]))
+        stack.logits(torch.zeros(9, model.config.hidden_size), torch.tensor([9]), 0)
     width = model.config.hidden_size
     for i in range(3):
         ours, theirs = (h[:, i * width:(i + 1) * width] for h in (hidden, torch_hidden))

@@ -155,6 +155,20 @@ def fp32_kind(rows: int, shape: tuple[int, int]) -> str:
     return fp32_choice(*shape).kind(rows) if rows <= SKINNY_MAX_ROWS else "linear"
 
 
+# DecoderStack's codes for a dense product (csrc/decoder.h): the compiled one, F.linear's; a
+# positive count is the skinny product over that many padded rows.
+STACK_COMPILED, STACK_LINEAR = -1, 0
+
+
+def stack_product(rows: int, shape: tuple[int, int]) -> int:
+    """The code (STACK_COMPILED, STACK_LINEAR or a padded count) of the product `fp32_kind`
+    picks, for the compiled decoder stack's float32 weights."""
+    kind = fp32_kind(rows, shape)
+    if kind == "compiled":
+        return STACK_COMPILED
+    return skinny_rows(rows) if kind == "skinny" else STACK_LINEAR
+
+
 def skinny_rows(rows: int) -> int:
     """The row count, at least `rows`, to run a skinny product with (module docstring)."""
     if rows <= 2:

@@ -26,7 +26,7 @@ from torch import nn
 from verispec.model.attention import AttentionMetadata, AttentionPlan, paged_attention
 from verispec.model.config import ModelConfig
 from verispec.model.linear import Linear, WideningBuffer, empty_parameter, widening_for
-from verispec.model.quant.decoder import build_stack
+from verispec.model.quant.decoder import build_stack, product_code, stack_products
 from verispec.model.quant.formats import PanelWeight, QuantizedWeight
 from verispec.model.quant.kernels import compiled_kernels, dequantize_rows
 from verispec.model.quant.linear import QuantLinear
@@ -183,9 +183,9 @@ class LlamaModel(nn.Module):
     Layers with the same rotary parameters share one set of angles per forward pass, and layers
     with the same sliding window one AttentionPlan (Gemma 2/3 alternate two of each).
 
-    compiled_layers: a quantized model runs its decoder layers as one compiled call per pass
-    (verispec.model.quant.decoder) where the compiled kernels run all its weights; False keeps
-    the torch operations of DecoderLayer (tests compare the two).
+    compiled_layers: a quantized or CPU float32 model runs its decoder layers as one compiled
+    call per pass (verispec.model.quant.decoder) where the compiled kernels run all its
+    weights; False keeps the torch operations of DecoderLayer (tests compare the two).
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
@@ -199,12 +199,14 @@ class LlamaModel(nn.Module):
             raise ValueError(f"quantized weights run with float32 activations on the CPU, not "
                              f"dtype={dtype} on device={str(device)!r}")
         self.config, self.dtype, self.device, self.quantized = config, dtype, device, quantized
-        # Quantized models attend row by row (verispec.model.attention) where it is compiled,
-        # over a float16 KV cache as llama.cpp keeps: half the memory and bytes read per step;
-        # the kernel widens each value exactly, so rows stay batch invariant.
+        # Quantized and CPU float32 models attend row by row (verispec.model.attention) where
+        # it is compiled, in the compiled decoder stack; quantized ones over a float16 KV cache
+        # as llama.cpp keeps: half the memory and bytes read per step; the kernel widens each
+        # value exactly, so rows stay batch invariant.
         self.layer_windows = [config.window_of(i) for i in range(config.num_layers)]
-        self.rowwise_attention = quantized and compiled_kernels() is not None
-        self.kv_dtype = torch.float16 if self.rowwise_attention else dtype
+        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+        self.rowwise_attention = (quantized or cpu_fp32) and compiled_kernels() is not None
+        self.kv_dtype = torch.float16 if quantized and self.rowwise_attention else dtype
         ropes = [config.rope_of(i) for i in range(config.num_layers)]
         self.rotaries = {rope: RotaryEmbedding(config.head_dim, rope[0], dtype, device, rope[1],
                                                config.max_position_embeddings)
@@ -321,8 +323,8 @@ class LlamaModel(nn.Module):
         """One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim].
 
         Zero-filled where SDPA attends (it masks unwritten slots, but a masked NaN would still
-        poison the weighted sum of values). The row-by-row attention of quantized models reads
-        written slots only, so their cache (float16, `kv_dtype`) is left unfilled: its memory is
+        poison the weighted sum of values). The row-by-row attention reads written slots only,
+        so its cache (float16 for quantized models, `kv_dtype`) is left unfilled: its memory is
         taken as it is used, not all at once."""
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or value <= 0:
@@ -374,10 +376,11 @@ class LlamaModel(nn.Module):
             cos = [angles[rope][0] for rope in self.rotaries]
             sin = [angles[rope][1] for rope in self.rotaries]
             row_plans = [plans[w].rows.tensors() for w in dict.fromkeys(self.layer_windows)]
+            products = stack_products(self.layers[0], len(input_ids))
             start = 0
             for number in sorted(set(hidden_layers) - {last}) + [last]:
                 stack.forward(hidden, start, number, cos, sin, kv_caches, attn.slot_mapping,
-                              row_plans)
+                              row_plans, products)
                 if number != last:
                     captured[number] = hidden.clone()  # later layers update `hidden` in place
                 start = number
@@ -389,7 +392,8 @@ class LlamaModel(nn.Module):
                     captured[number] = hidden.clone()  # later layers update `hidden` in place
         captured[last] = hidden
         if stack is not None and stack.has_head:
-            logits = stack.logits(hidden, logits_indices)
+            logits = stack.logits(hidden, logits_indices,
+                                  product_code(self.lm_head, len(logits_indices)))
         else:
             rows = rms_norm(hidden.index_select(0, logits_indices), self.norm, self.config.rms_norm_eps)
             logits = self.lm_head(rows).float()

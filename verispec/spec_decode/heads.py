@@ -41,7 +41,7 @@ from ..model import AttentionMetadata, LlamaModel, ModelConfig
 from ..model.attention import AttentionPlan
 from ..model.linear import Linear
 from ..model.llama import DecoderLayer, rms_norm
-from ..model.quant.decoder import build_stack
+from ..model.quant.decoder import build_stack, stack_products
 from ..model.rotary import RotaryEmbedding
 
 KINDS = ("eagle", "medusa")
@@ -244,7 +244,7 @@ class EagleHead(_Head):
             plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True)
             x = x.contiguous()
             self._stack.forward(x, 0, 1, [cos], [sin], kv_caches, attn.slot_mapping,
-                                [plan.rows.tensors()])
+                                [plan.rows.tensors()], stack_products(self.layer, len(x)))
             return x
         plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
                              widen_decode=self.widening is not None)

@@ -1,6 +1,7 @@
-"""The decoder layers of a quantized model as one compiled call per forward pass
+"""The decoder layers of a quantized or CPU float32 model as one compiled call per forward pass
 (verispec.cpu_kernels.DecoderStack, csrc/decoder.h): the same layers as DecoderLayer, without
-the ~76 torch operations per layer that cost a batch-1 step about half of its time."""
+the ~76 torch operations per layer that cost a batch-1 step of the 4-bit model about half of its
+time and the float32 model about a quarter."""
 
 from __future__ import annotations
 
@@ -9,18 +10,42 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from verispec.model.linear import STACK_LINEAR, Linear, stack_product
 from verispec.model.quant.formats import PanelWeight
 from verispec.model.quant.kernels import FALLBACK, compiled_kernels, default_kernel
 from verispec.model.quant.linear import QuantLinear
 
+# The layers' linear modules, in the order of DecoderStack.forward's `products`.
+LINEARS = (("qkv", "qkv_proj"), ("o", "o_proj"), ("gate_up", "gate_up_proj"),
+           ("down", "down_proj"))
 
-def _linear(module: nn.Module) -> tuple[list[tuple], torch.Tensor | None] | None:
-    """(parts, bias) as DecoderStack takes them, or None where a part is not in panels."""
+
+def _linear(module: nn.Module) -> tuple[list[tuple] | torch.Tensor, torch.Tensor | None] | None:
+    """(parts, bias) as DecoderStack takes them (parts: panels, or a dense float32 weight), or
+    None where the stack cannot run the module (a part not in panels, a weight not float32 on
+    the CPU, or widened from bfloat16)."""
+    bias = None if module.bias is None else module.bias.detach().contiguous()
+    if isinstance(module, Linear):
+        if not module.cpu_fp32:
+            return None
+        return module.weight.detach().contiguous(), bias
     if not isinstance(module, QuantLinear) or not all(isinstance(p, PanelWeight)
                                                       for p in module.parts):
         return None
-    parts = [(p.packed, p.d, p.m, p.bits, p.zero_point, p.shape[0]) for p in module.parts]
-    return parts, None if module.bias is None else module.bias.detach().contiguous()
+    return [(p.packed, p.d, p.m, p.bits, p.zero_point, p.shape[0]) for p in module.parts], bias
+
+
+def product_code(module: nn.Module, rows: int) -> int:
+    """How DecoderStack runs `module`'s product at `rows` rows (linear.stack_product; quantized
+    parts ignore it)."""
+    return stack_product(rows, tuple(module.weight.shape)) if isinstance(module, Linear) \
+        else STACK_LINEAR
+
+
+def stack_products(layer: nn.Module, rows: int) -> list[int]:
+    """DecoderStack.forward's `products` for a pass of `rows` rows over layers shaped like
+    `layer`."""
+    return [product_code(getattr(layer, attr), rows) for _, attr in LINEARS]
 
 
 def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int], plan_index: Sequence[int],
@@ -28,17 +53,16 @@ def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int], plan_ind
                 lm_head: nn.Module | None = None):  # -> DecoderStack | None
     """The compiled stack of `layers` (DecoderLayers of one model, so of one shape and options),
     layer i taking rope rope_index[i] and attention plan plan_index[i]; None where it cannot run
-    them: no compiled kernels, the torch fallback chosen, or a weight part kept as a float
-    tensor. With `norm` and `lm_head` (the layers' eps) the stack also computes the logits
-    (`has_head`), unless a part of the LM head is a float tensor."""
+    them: no compiled kernels, the torch fallback chosen, a quantized layer's part kept as a
+    float tensor, or a dense weight not float32 on the CPU. With `norm` and `lm_head` (the
+    layers' eps) the stack also computes the logits (`has_head`), unless the LM head is one the
+    stack cannot run."""
     compiled = compiled_kernels()
     if compiled is None or default_kernel() == FALLBACK:
         return None
     specs = []
     for layer, rope, plan in zip(layers, rope_index, plan_index):
-        linears = {name: _linear(getattr(layer, attr)) for name, attr in
-                   (("qkv", "qkv_proj"), ("o", "o_proj"), ("gate_up", "gate_up_proj"),
-                    ("down", "down_proj"))}
+        linears = {name: _linear(getattr(layer, attr)) for name, attr in LINEARS}
         if any(v is None for v in linears.values()):
             return None
         norms = {name: None if getattr(layer, name) is None else getattr(layer, name).detach()
