@@ -1,9 +1,9 @@
-// The decoder layers of a quantized or CPU float32 model (verispec/model/llama.py, DecoderLayer)
-// as one C++ call per forward pass. A batch-1 step of the embedded model ran ~76 torch operations per layer
-// from Python, about half of its time; here the norms, rotary embeddings, cache writes,
-// activations and residual additions are plain loops between the products (quantized weights:
-// qlinear.h; float32 weights: f32linear.h or torch's BLAS, as the caller picks) and the
-// row-by-row attention (attention.h).
+// The decoder layers of a quantized or CPU float32 model (verispec/model/llama.py,
+// DecoderLayer) as one C++ call per forward pass. A batch-1 step of the embedded 4-bit model ran
+// ~76 torch operations per layer from Python, about half of its time; here the norms, rotary
+// embeddings, cache writes, activations and residual additions are plain loops between the
+// products (quantized weights: qlinear.h; float32 weights: f32linear.h or torch's BLAS, as the
+// caller picks) and the row-by-row attention (attention.h).
 //
 // Every row is computed on its own in a fixed order (norms, activations, products, attention),
 // so a row's result does not depend on the other rows: the batch invariance the quantized path
@@ -47,7 +47,8 @@ struct LayerWeights {
 class DecoderStack {
  public:
   // layers: one dict per layer (keys as LayerWeights' fields; a linear is (parts, bias), parts
-  // a list of (packed, d, m, bits, zero_point, n) or a dense [out, in] float32 tensor); scale: of the attention scores; softcap <= 0: none;
+  // a list of (packed, d, m, bits, zero_point, n) or a dense [out, in] float32 tensor); scale:
+  // of the attention scores; softcap <= 0: none;
   // head: None, or the final norm and the LM head, {"norm": [2 * hidden], "lm_head": a linear}.
   DecoderStack(const std::vector<pybind11::dict>& layers, int64_t heads, int64_t kv_heads,
                int64_t head_dim, int64_t intermediate, double eps, bool gelu, double scale,

@@ -270,8 +270,8 @@ def _split_races(monkeypatch: pytest.MonkeyPatch) -> None:
         # past two minutes on an H100 without testing anything the 8 splits do not.
         block_v = 4 if vocab <= 64 else 256
         width = -(-vocab // (8 * block_v)) * block_v
-        return tiles.RequestTiles(requests=8, block_v=block_v, num_splits=-(-vocab // width), split_width=width,
-                                  num_warps=4)
+        return tiles.RequestTiles(requests=8, block_v=block_v, num_splits=-(-vocab // width),
+                                  split_width=width, num_warps=4)
 
     monkeypatch.setattr(tiles, "request_tiles", split)
 

@@ -1,7 +1,7 @@
 """The decoder layers of a quantized or CPU float32 model as one compiled call per forward pass
 (verispec.cpu_kernels.DecoderStack, csrc/decoder.h): the same layers as DecoderLayer, without
 the ~76 torch operations per layer that cost a batch-1 step of the 4-bit model about half of its
-time and the float32 model about a quarter."""
+time and the float32 model about a third."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LINEARS = (("qkv", "qkv_proj"), ("o", "o_proj"), ("gate_up", "gate_up_proj"),
 def _linear(module: nn.Module) -> tuple[list[tuple] | torch.Tensor, torch.Tensor | None] | None:
     """(parts, bias) as DecoderStack takes them (parts: panels, or a dense float32 weight), or
     None where the stack cannot run the module (a part not in panels, a weight not float32 on
-    the CPU, or widened from bfloat16)."""
+    the CPU)."""
     bias = None if module.bias is None else module.bias.detach().contiguous()
     if isinstance(module, Linear):
         if not module.cpu_fp32:
