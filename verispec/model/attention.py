@@ -34,8 +34,10 @@ exactly 0, so results are bit for bit those with the blocks kept). Scores may be
 other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma 2); SDPA has no soft
 cap, so capped attention runs as explicit products and a softmax.
 
-With `rowwise` (quantized models, whose int8 activations magnify any difference), every
-sequence is attended by the compiled row-by-row kernel instead (verispec.cpu_kernels, csrc/attention.h):
+With `rowwise` (quantized models, whose int8 activations magnify any difference, and CPU
+float32 models), every sequence is attended by the compiled row-by-row kernel instead
+(verispec.cpu_kernels, csrc/attention.h), float32 models' long prefill chunks excepted
+(`rowwise_max_query`, model/llama.py: the kernel's cost grows with the square of a chunk):
 each (row, head) on its own straight from the paged cache, so a row's result depends neither on
 the batch nor on how a prompt was chunked or drafts were fed with it (greedy speculative output
 then equals plain output token for token). It reads only the positions a row attends (from
@@ -235,9 +237,11 @@ class AttentionPlan:
 
     def __init__(self, attn: AttentionMetadata, block_size: int,
                  widen_decode: bool = False, rowwise: bool = False,
-                 window: int | None = None) -> None:
-        """widen_decode: attend a decode-only padded group in float32; rowwise: attend the short
-        sequences row by row; window: a sliding window (module docstring)."""
+                 window: int | None = None, rowwise_max_query: int | None = None) -> None:
+        """widen_decode: attend a decode-only padded group in float32; rowwise: attend the
+        sequences row by row, except those with more new tokens than both rowwise_max_query
+        (None: no limit) and MAX_PADDED_QUERY_LEN, attended on their own; window: a sliding
+        window (module docstring)."""
         device = attn.slot_mapping.device
         query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
         starts = [0]
@@ -248,7 +252,8 @@ class AttentionPlan:
         short: list[int] = []
         trees = attn.trees or [None] * len(query_lens)
         for b, (n, s, parents) in enumerate(zip(query_lens, seq_lens, trees)):
-            if n <= MAX_PADDED_QUERY_LEN or rowwise:
+            if n <= MAX_PADDED_QUERY_LEN or (rowwise and (rowwise_max_query is None
+                                                         or n <= rowwise_max_query)):
                 short.append(b)
                 continue
             mask = None if parents is None else tree_mask(parents, s, device)

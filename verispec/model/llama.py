@@ -33,6 +33,12 @@ from verispec.model.quant.linear import QuantLinear
 from verispec.model.rotary import RotaryEmbedding, apply_rotary_
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+# A float32 sequence with more new tokens than this (a long prefill chunk) is attended by SDPA,
+# not row by row: the row-by-row kernel's cost grows with the square of the chunk and SDPA's
+# far more slowly (the embedded model's whole pass, 2 threads: row by row faster up to ~256
+# tokens, 1.2-1.4x slower at 512, 1.5x at 1,500). Quantized models attend every row row by
+# row, whose int8 activations would magnify SDPA's batch-dependent rounding.
+FLOAT_ROWWISE_MAX_QUERY = 256
 
 
 def rms_norm(
@@ -364,13 +370,17 @@ class LlamaModel(nn.Module):
                                  f"in [1, {self.config.num_layers}]")
         plans = {window: AttentionPlan(attn, block_size=kv_caches[0].shape[2],
                                        widen_decode=self.widening is not None,
-                                       rowwise=self.rowwise_attention, window=window)
+                                       rowwise=self.rowwise_attention, window=window,
+                                       rowwise_max_query=None if self.quantized
+                                       else FLOAT_ROWWISE_MAX_QUERY)
                  for window in dict.fromkeys(self.layer_windows)}
         angles = {rope: rotary.angles(positions) for rope, rotary in self.rotaries.items()}
         hidden = self.embed(input_ids)
         captured: dict[int, torch.Tensor] = {}
         last = self.config.num_layers
-        stack = self._compiled_stack()
+        # The stack attends every row row by row: a pass with a sequence attended on its own
+        # (a long float32 prefill chunk) runs the torch layers.
+        stack = None if any(plan.singles for plan in plans.values()) else self._compiled_stack()
         if stack is not None:
             hidden = hidden.contiguous()
             cos = [angles[rope][0] for rope in self.rotaries]
