@@ -56,6 +56,11 @@ void check_norm(const torch::Tensor& weight, int64_t width, const char* name) {
               name, " must be contiguous float32 [", 2 * width, "]");
 }
 
+void check_product(int64_t product, int64_t rows) {
+  TORCH_CHECK(product == kCompiled || product == kLinear || product >= rows, "product ",
+              product, " cannot run ", rows, " rows");
+}
+
 // y [rows, out] = x [rows, in] times the dense weight transposed, as `product` says (decoder.h).
 void dense_product(const LinearLayer& linear, const float* x, int64_t rows, int64_t product,
                    const std::string& isa, float* y) {
@@ -69,7 +74,6 @@ void dense_product(const LinearLayer& linear, const float* x, int64_t rows, int6
     at::mm_out(ys, xs, linear.dense.t());
     return;
   }
-  TORCH_CHECK(product >= rows, "a skinny product pads ", rows, " rows to ", product);
   // Real zero rows: BLAS takes a slow path for expanded (stride-0) ones.
   auto padded = torch::zeros({product, linear.in}, options);
   padded.narrow(0, 0, rows).copy_(xs);
@@ -214,10 +218,7 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   const int64_t qkv_width = (heads_ + 2 * kv_heads_) * dim, attn_width = heads_ * dim;
   TORCH_CHECK(products.size() == 4, "products has ", products.size(),
               " entries: expected 4 (qkv, o, gate_up, down)");
-  for (const int64_t product : products) {
-    TORCH_CHECK(product == kCompiled || product == kLinear || product >= rows, "product ",
-                product, " cannot run ", rows, " rows");
-  }
+  for (const int64_t product : products) check_product(product, rows);
   TORCH_CHECK(cos.size() == sin.size(), "cos and sin differ in length");
   for (size_t i = 0; i < cos.size(); ++i) {
     for (const torch::Tensor* t : {&cos[i], &sin[i]}) {
@@ -323,8 +324,7 @@ torch::Tensor DecoderStack::logits(const torch::Tensor& hidden, const torch::Ten
                   indices.is_contiguous(),
               "indices must be a contiguous [R] int64 tensor");
   const int64_t rows = indices.numel();
-  TORCH_CHECK(product == kCompiled || product == kLinear || product >= rows, "product ",
-              product, " cannot run ", rows, " rows");
+  check_product(product, rows);
   const int64_t* index = indices.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(0 <= index[r] && index[r] < hidden.size(0), "row ", index[r],
