@@ -1,6 +1,7 @@
 """The chat page at GET /, in a real headless Chromium (tests/serve/browser.py): it loads, a
 seeded message streams with each token marked as the server recorded it, stop frees the
-request, regenerate redraws it, the server's errors are shown; --no-web-ui serves no page."""
+request, a dropped connection is said and frees the request, regenerate redraws the answer,
+the server's errors are shown; --no-web-ui serves no page."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from .browser import start_chromium
 from .conftest import MODEL, serving
+from .cutting_proxy import cutting_proxy
 
 PROMPT = "the winter and the winter and the sea"
 SEEDED = {"temperature": "0.3", "seed": "11", "max_tokens": "40"}
@@ -161,12 +163,33 @@ def test_stop_ends_the_answer_and_frees_the_request(page, server) -> None:
     assert 0 < stopped < len(full)
     note = page.execute_script("return document.querySelector('.message.assistant .note').textContent")
     assert note == "Stopped."
-    deadline = time.monotonic() + 10
-    while (health := httpx2.get(url + "/health").json())["requests_running"] + health["requests_waiting"]:
-        assert time.monotonic() < deadline, f"the stopped request is still on the server: {health}"
-        time.sleep(0.05)
+    _wait_idle(url)
     assert page.execute_script("return !document.getElementById('send').disabled "
                                "&& document.getElementById('stop').disabled")
+
+
+def _wait_idle(url: str) -> None:
+    """Until the server holds no request: a request whose client left is aborted."""
+    deadline = time.monotonic() + 10
+    while (health := httpx2.get(url + "/health").json())["requests_running"] + health["requests_waiting"]:
+        assert time.monotonic() < deadline, f"a request whose client left is still on the server: {health}"
+        time.sleep(0.05)
+
+
+def test_a_dropped_connection_is_said_and_frees_the_request(browser, server) -> None:
+    url = server[0]
+    port = int(url.rsplit(":", 1)[1])
+    # Cut after the stream's first chunks (`data: {"id"` is in no file of the page).
+    with cutting_proxy(port, b'data: {"id"') as (proxied, cut):
+        browser.get(proxied + "/")
+        _fill(browser, temperature="0", max_tokens="200")
+        _send(browser, PROMPT)
+        assert _finished(browser, ("dropped",)) == "dropped"
+        assert cut.is_set()
+    note = browser.execute_script("return document.querySelector('.message.assistant .note').textContent")
+    assert note.startswith("The connection to the server was lost")
+    _wait_idle(url)
+    assert browser.execute_script("return !document.getElementById('send').disabled")
 
 
 @pytest.mark.parametrize("field,value,message", [
