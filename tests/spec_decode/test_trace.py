@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from verispec import SamplingParams
+from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
+from verispec.spec_decode.medusa import MedusaDrafter
 from verispec.spec_decode.trace import StepRecord, TokenOrigin, ends_in_bonus
+
+from .. import learned
+from ..tiny import word_tokenizer
 
 A, R, B, P = TokenOrigin.ACCEPTED, TokenOrigin.RECOVERED, TokenOrigin.BONUS, TokenOrigin.PLAIN
 
@@ -43,3 +50,24 @@ def test_a_tree_ends_in_a_bonus_when_the_path_ends_at_a_leaf() -> None:
     assert ends_in_bonus(5, parents, [1])  # so is 1
     assert not ends_in_bonus(5, parents, [0])  # 2 and 3 were rejected
     assert not ends_in_bonus(5, parents, [])  # 0 and 1 were rejected
+
+
+def test_a_full_tree_steps_last_token_is_a_bonus_exactly_after_a_leaf() -> None:
+    """Medusa's static tree (3, 1) through the engine, greedy: a step that verified all 6 nodes
+    ends in a bonus exactly when it accepted a path of 2 (only depth-2 nodes are leaves); an
+    accepted depth-1 node has a rejected child, so the token after it is recovered."""
+    target, prompts = learned.target(), learned.prompts(4, seed=11)
+    spec = SpeculativeConfig(method="medusa", tree=(3, 1), adaptive=False)
+    config = EngineConfig(max_num_batched_tokens=4096, max_model_len=512, cache=CacheConfig(4, 8192),
+                          speculative=spec)
+    engine = LLMEngine(target, word_tokenizer(target.config.vocab_size), config,
+                       MedusaDrafter(learned.trained("medusa")))
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), request_id=str(i))
+    records = []
+    while engine.has_unfinished():
+        records += [(out.new_step, len(out.new_token_ids)) for out in engine.step() if out.new_step is not None]
+    full = [r for r, _ in records if r.num_draft == 6]
+    assert all(r.bonus == (r.num_accepted == 2) for r in full)
+    assert {r.num_accepted for r in full} == {0, 1, 2}
+    assert all(n == r.num_accepted + 1 for r, n in records)

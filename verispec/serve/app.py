@@ -3,7 +3,7 @@
 POST /v1/completions, POST /v1/chat/completions (stream: true gives server-sent events
 `data: {...}` ending in `data: [DONE]`; stream_options.include_speculation adds each token's
 origin, serve/speculation.py), GET /v1/models, GET /health, GET /metrics, and the chat page at
-GET / unless web_ui is off (serve/web.py).
+GET / unless web_ui is off (serve/page.py).
 
 A request's n samples (and, for completions, its prompts) are queued together, at most
 ServeLimits.max_choices of them, and share engine steps with every other request in flight; the
@@ -31,10 +31,10 @@ from .async_engine import AsyncEngine, EngineStepError, Submission
 from .errors import APIError, echo, install_error_handlers
 from .limits import BodyLimit
 from .metrics import ServeMetrics
+from .page import install_web_ui
 from .protocol import DEFAULT_COMPLETION_TOKENS, ChatRequest, CompletionRequest, invalid, sampling_params
 from .responses import Formatter, usage
 from .speculation import SpeculationTrace, describe_drafter
-from .page import install_web_ui
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
