@@ -13,3 +13,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Engines price drafts with the declared step costs, not ones learned from this machine's load
+# (spec_decode/cost_learner.py): a test's drafting must not depend on what ran beside it.
+# tests/spec_decode/test_step_costs.py turns learning back on where it tests it.
+os.environ["VERISPEC_LEARN_COSTS"] = "0"

@@ -158,6 +158,7 @@ def _repetitive_prompts():
 
 def test_the_engine_learns_costs_and_seeded_requests_keep_the_declared_prices(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("VERISPEC_LEARN_COSTS", "1")
     model = tiny_model(3, vocab=16, scale=4.0)
 
     def run(seed: int | None, learned: LearnedCosts | None, temperature: float = 1.0):
@@ -184,3 +185,5 @@ def test_the_engine_learns_costs_and_seeded_requests_keep_the_declared_prices(tm
     _, dear, dear_drafts = run(None, LearnedCosts(50.0, 50.0, 50.0), temperature=0.0)
     assert cheap == dear
     assert cheap_drafts > 4 * max(dear_drafts, 1)
+    monkeypatch.setenv("VERISPEC_LEARN_COSTS", "0")  # the switch the test suite runs under
+    assert tiny_engine(model, NgramDrafter(1, 3, 4), k=4).costs is None

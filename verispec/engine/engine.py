@@ -47,7 +47,7 @@ from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
 from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
 from ..spec_decode.cost_cache import CostCache
-from ..spec_decode.cost_learner import CostLearner
+from ..spec_decode.cost_learner import CostLearner, learning_enabled
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
 from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
@@ -165,7 +165,8 @@ class LLMEngine:
                          row_cost, draft_cost=cost)
         # Constants the user gave stay as given; the declared ones are only where learning starts.
         self.costs: CostLearner | None = None
-        if self.adaptive is not None and spec.learn_costs and spec.row_cost is None and spec.draft_cost is None:
+        if self.adaptive is not None and spec.learn_costs and spec.row_cost is None and spec.draft_cost is None \
+                and learning_enabled():
             key = (machine_key(), type(model).__name__, model.config, model.dtype, model.quantized,
                    type(drafter).__name__, self.tree, [cost(d, n) for d in (1, 2, 4) for n in (1, 4)])
             self.costs = CostLearner(self.adaptive, row_cost, cost, CostCache(repr(key)))

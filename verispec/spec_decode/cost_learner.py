@@ -9,15 +9,28 @@ per machine, model and drafter (spec_decode/cost_cache.py) after `first_save` st
 Only greedy and unseeded requests are priced with what was learned: a seeded request's K
 decides which random numbers it consumes, so it keeps the declared constants (the gate's
 `declared` lookups) and its output does not depend on how fast the machine was.
+
+VERISPEC_LEARN_COSTS=0 turns learning off for every engine of the process (the declared
+constants throughout, as SpeculativeConfig.learn_costs=False does for one): for runs whose
+drafting must not depend on the machine's load, such as the test suite's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from .adaptive import AdaptiveK, TreeGate
 from .cost_cache import CostCache
 from .step_costs import StepCosts
+
+
+ENV = "VERISPEC_LEARN_COSTS"
+
+
+def learning_enabled() -> bool:
+    """Whether $VERISPEC_LEARN_COSTS lets engines learn their step costs (anything but "0")."""
+    return os.environ.get(ENV, "1") != "0"
 
 
 class CostLearner:
