@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.model import load_model
 from verispec.model.attention import AttentionMetadata
 from verispec.model.quant.kernels import default_kernel

@@ -47,10 +47,10 @@ from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
 from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
-from .kv_cache import BlockManager
-from .prefix_cache import identity_key
+from ..runtime.kv_cache import BlockManager
+from ..runtime.prefix_cache import identity_key
 from .request import FinishReason, Request
-from .runner import Feed, ModelRunner
+from ..runtime.runner import Feed, ModelRunner
 from .scheduler import ScheduledRequest, Scheduler
 from .tree import accepted_rows, feed_parents, path_move
 

@@ -42,7 +42,7 @@ class Sequence:
     seq_id: str
     prefix_token_ids: list[int]  # the prompt (conditional) or the negative prompt (companion)
     num_computed: int = 0
-    # Chain hashes of its first full blocks (prefix_cache.py), kept across preemption: tokens only grow.
+    # Chain hashes of its first full blocks (runtime/prefix_cache.py), kept across preemption: tokens only grow.
     block_hashes: list[bytes] = field(default_factory=list)
 
 
