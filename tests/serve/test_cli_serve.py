@@ -43,3 +43,38 @@ def test_ray_flags_are_checked_before_anything_starts(flags, message, capsys) ->
 
     assert main(["serve", "--model", "/nonexistent", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_the_server_with_one_line_and_no_traceback(checkpoint, tmp_path) -> None:
+    """SIGINT, as Ctrl-C sends it, to a serving process: a clean shutdown, bounded."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx2
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--model", checkpoint, "--port", str(port),
+                             "--kv-cache-gib", "0.002"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "VERISPEC_CACHE_DIR": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode in (0, 130), err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.strip().splitlines()[-1] == "verispec: server stopped (Ctrl-C)"

@@ -217,6 +217,13 @@ class LLMEngine:
             if len(tokens) >= self.config.max_model_len:
                 raise ValueError(f"{what} has {len(tokens)} tokens: expected fewer than "
                                  f"max_model_len ({self.config.max_model_len})")
+        # As vLLM: a completion the context cannot hold is refused, not silently cut short.
+        room = self.config.max_model_len - max(len(ids), len(uncond or []))
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(f"max_tokens={params.max_tokens} is too large: the {name} has {len(ids)} tokens"
+                             f"{f' (negative_prompt {len(uncond)})' if uncond and len(uncond) > len(ids) else ''}"
+                             f" and max_model_len is {self.config.max_model_len}, so at most {room} can be "
+                             f"generated")
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         spec = self.config.speculative
@@ -239,14 +246,14 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         params, k = prepared.params, prepared.num_speculative_tokens
-        longest = max(len(prepared.prompt_token_ids), len(prepared.uncond_token_ids or []))
+        room = self.config.max_model_len - max(len(prepared.prompt_token_ids), len(prepared.uncond_token_ids or []))
         request = Request(
             request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, params=params,
             seed=params.seed if params.seed is not None else fresh_seed(),
             arrival=arrival, num_speculative_tokens=k, max_speculative_tokens=k,
             uncond_token_ids=prepared.uncond_token_ids, prompt=prepared.prompt,
             logprobs=None if params.logprobs is None else [],
-            max_tokens=min(params.max_tokens, self.config.max_model_len - longest),
+            max_tokens=room if params.max_tokens is None else params.max_tokens,
             group=prepared.group, grammar=prepared.grammar,
         )
         request.num_speculative_tokens = self._next_k(request)
