@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -33,11 +34,13 @@ from tqdm import tqdm
 from verispec.files import cache_dir, intact, seal
 from verispec.model import hf_checkpoint
 from verispec.model.config import ModelConfig
-from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
 from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel, check_weights
 from verispec.model.quant import cache as quant_cache
 from verispec.model.quant.formats import BLOCK, GROUP_SIZES, QuantizedWeight, quantize_rtn
 from verispec.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from verispec.model.gguf_file import GGUFCheckpoint
 
 QUANTIZATIONS = ("gguf", "int8", "int4")
 
@@ -82,6 +85,10 @@ def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
         _log.warning("verispec: the converted checkpoint in %s is damaged (%s: not the bytes written); "
                      "converting %s again", entry, ", ".join(damaged), gguf_path.name)
         _discard(entry)
+    # Imported here: the gguf package costs ~0.3 s of start-up (its YAML loader), and a cached
+    # model never reads a GGUF file.
+    from verispec.model.gguf_file import read_gguf
+
     checkpoint = read_gguf(gguf_path, progress)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +247,8 @@ def load_model(
     if cached is not None:
         return cached
     if quantization == "gguf":
+        from verispec.model.gguf_file import read_gguf
+
         stored = read_gguf(path, progress, stored=True)
         loaded = _build(path, stored.config, stored.weights, dtype, device, True), stored.tokenizer
     elif is_gguf:
