@@ -96,7 +96,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['command']} | {r['median_s']:.2f} | {r['min_s']:.2f}-{r['max_s']:.2f} | "
               f"{r['over_import_torch_s']:+.2f} | {r['peak_rss_mib']:.0f} |")
-    write_json(args.json, torch.device("cpu"), rows, runs=args.runs, cpus=os.cpu_count())
+    write_json(args.json, torch.device("cpu"), rows, runs=args.runs)
 
 
 if __name__ == "__main__":
