@@ -172,9 +172,6 @@ class LLMEngine:
         self._steps = 0  # engine steps run so far
         self._requests: dict[str, Request] = {}
         self._decoders: dict[str, IncrementalDecoder] = {}
-        # No token covers more than longest_token characters (4x for normalizers that merge
-        # characters), so a longer text has at least max_model_len tokens.
-        self._max_prompt_chars = 4 * tokenizer.longest_token * config.max_model_len
 
     def add_request(
         self,
@@ -267,7 +264,11 @@ class LLMEngine:
         if isinstance(value, str):
             # A text too long for any tokenization to fit is refused before encoding it (a
             # 20 MB prompt would take seconds and gigabytes to tokenize only to be refused).
-            if len(value) > self._max_prompt_chars:
+            # No token covers more than longest_token characters (4x for normalizers that merge
+            # characters), so a longer text has at least max_model_len tokens. longest_token
+            # reads the whole vocabulary (~0.1 s), so only a text that could be that long asks.
+            limit = self.config.max_model_len
+            if len(value) > limit and len(value) > 4 * self.tokenizer.longest_token * limit:
                 raise ValueError(f"{name} has {len(value)} characters: at least max_model_len "
                                  f"({self.config.max_model_len}) tokens, expected fewer")
             ids = self.tokenizer.encode(value, add_special_tokens=add_special_tokens)
