@@ -1,10 +1,14 @@
-"""Shared by the benchmark scripts: timing, memory bandwidth, and where results go."""
+"""Shared by the benchmark scripts: timing, memory bandwidth, the machine a run was on, and where
+results go (one JSON file per benchmark: {"meta": machine, date, commit, ..., "rows": [...]})."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -36,13 +40,37 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * src.numel() * 4 / seconds
 
 
-def write_json(path: Path, device: torch.device, rows: list[dict], **meta: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    info = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict[str, object]:
+    """Where and when a run was measured, for its JSON file and its table's caption."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(),
+        "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        **meta,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
     }
+
+
+def write_json(path: Path, device: torch.device, rows: list[dict], **meta: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = {**machine(device), **meta}
     path.write_text(json.dumps({"meta": info, "rows": rows}, indent=2))
     print(f"wrote {path}")

@@ -175,7 +175,8 @@ def test_gguf_with_an_absurd_array_length_is_one_line(capsys, tmp_path, monkeypa
 def test_failed_generation_prints_its_reason_and_exits_1(checkpoint, capsys, monkeypatch) -> None:
     # One KV-cache block of 16 tokens: a 40-token prompt can never be scheduled.
     monkeypatch.setattr(llm_module, "kv_blocks_for", lambda model, memory_gib, block_size: 1)
-    assert main(["generate", "--model", checkpoint, "--no-chat", "--draft", "none", " ".join(["t1"] * 40)]) == 1
+    assert main(["generate", "--model", checkpoint, "--no-chat", "--draft", "none", "--max-tokens", "4",
+                 " ".join(["t1"] * 40)]) == 1
     err = capsys.readouterr().err
     assert re.search(r"verispec: generation failed: the request needs \d+ KV-cache blocks .* the cache has 1", err)
     assert "tok/s" not in err

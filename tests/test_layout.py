@@ -1,4 +1,5 @@
-"""The package's layout: no import cycles between its modules, no private names across files."""
+"""The package's layout: its rooms on floors with imports running only down, no import cycles between
+its modules, no private names across files."""
 
 from __future__ import annotations
 
@@ -71,3 +72,42 @@ def test_the_modules_import_each_other_without_cycles() -> None:
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+# The package's rooms (a subpackage, or a module at the top) from the bottom floor up. A room
+# imports only rooms on floors below its own: the drafters (spec_decode) run their models with
+# runtime/, never with the engine that drives them, and nothing below the CLI knows it exists.
+FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"config", "files", "cluster", "heads"}),
+    frozenset({"model", "structured"}),
+    frozenset({"runtime", "sampling_params"}),
+    frozenset({"sample"}),
+    frozenset({"spec_decode"}),
+    frozenset({"engine"}),
+    frozenset({"serve", "train", ""}),
+    frozenset({"batch"}),
+    frozenset({"cli"}),
+    frozenset({"demo"}),
+)
+
+
+def _room(module: str) -> str:
+    """`verispec.engine.llm` -> `engine`; the package's own __init__ is the room ``""``."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_every_room_has_a_floor() -> None:
+    rooms = {_room(_module(path)) for path in FILES}
+    assert rooms == set().union(*FLOORS)
+
+
+def test_imports_run_only_down_the_floors() -> None:
+    floor = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
+    # The compiled extension (verispec.cpu_kernels) imports nothing of the package: no room.
+    upward = sorted(
+        f"{_module(path)} -> {module}"
+        for path in FILES for module, _ in _imports(path)
+        if _room(module) in floor and _room(_module(path)) != _room(module)
+        and floor[_room(module)] >= floor[_room(_module(path))]
+    )
+    assert upward == []

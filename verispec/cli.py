@@ -396,10 +396,16 @@ def serve(args: argparse.Namespace) -> int:
     if args.address is not None:
         raise ValueError(f"--address={args.address} needs --ray-replicas")
     _set_threads(args.threads)
-    print("loading model ...", file=sys.stderr, flush=True)
-    llm = LLM(**llm_kwargs(args))
-    uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits, args.web_ui), args.host,
-                                 args.port, limits)).run()
+    try:
+        print("loading model ...", file=sys.stderr, flush=True)
+        llm = LLM(**llm_kwargs(args))
+        uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits, args.web_ui), args.host,
+                                     args.port, limits)).run()
+    # uvicorn shuts down gracefully on the first Ctrl-C, then raises it again for the caller;
+    # that is the way out, not an error worth a traceback.
+    except KeyboardInterrupt:
+        print("verispec: server stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -76,9 +76,9 @@ class CacheConfig:
 
     enable_prefix_caching: keep the full blocks of committed tokens under a hash of their whole
         token prefix and let later requests with the same prefix start from them (vLLM's
-        automatic prefix caching; verispec/engine/prefix_cache.py). Output is the same either way.
+        automatic prefix caching; verispec/runtime/prefix_cache.py). Output is the same either way.
     free_out_of_window: with a model whose every layer has a sliding window (Mistral), give the
-        blocks that fell behind every query's window back to the pool (engine/kv_cache.py), so a
+        blocks that fell behind every query's window back to the pool (runtime/kv_cache.py), so a
         sequence holds about window + one step's tokens, not its whole length. Output is the
         same either way; False keeps them (the memory of full attention).
     """

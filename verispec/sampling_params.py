@@ -74,7 +74,8 @@ class SamplingParams:
     guidance_scale: classifier-free guidance scale gamma; 1 disables it.
     negative_prompt: text or token ids for the unconditional branch of CFG (None: the prompt's
         last token).
-    max_tokens: the most tokens to generate.
+    max_tokens: the most tokens to generate; None: as many as the context has room for. More
+        than the context holds beside the prompt is a ValueError when the request is added.
     stop: a string or a list of strings that end generation (not included in the output text).
     stop_token_ids: a list of token ids that end generation (in addition to EOS unless
         ignore_eos).
@@ -109,7 +110,7 @@ class SamplingParams:
     seed: int | None = None
     guidance_scale: float = 1.0
     negative_prompt: str | list[int] | None = None
-    max_tokens: int = 128
+    max_tokens: int | None = 128
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
@@ -169,8 +170,8 @@ class SamplingParams:
         )
         mt = self.max_tokens
         _check_number(
-            "max_tokens", mt, "an integer >= 1",
-            isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1,
+            "max_tokens", mt, "None or an integer >= 1",
+            mt is None or (isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1),
         )
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         _check_number(

@@ -8,9 +8,9 @@ from collections import Counter
 import torch
 
 from verispec.engine.engine import LLMEngine
-from verispec.engine.kv_cache import HOLE, BlockManager
-from verispec.engine.prefix_cache import block_hash
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import HOLE, BlockManager
+from verispec.runtime.prefix_cache import block_hash
+from verispec.runtime.runner import Feed, ModelRunner
 
 
 def check_blocks(blocks: BlockManager) -> None:

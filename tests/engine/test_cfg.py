@@ -9,8 +9,8 @@ from transformers.generation.logits_process import UnbatchedClassifierFreeGuidan
 
 from verispec import SamplingParams
 from verispec.engine import engine as engine_module
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.model import load_model
 from verispec.sample.processors import process_logits
 from verispec.sample.reference import reference_probs

@@ -39,8 +39,11 @@ def drafted(engine: LLMEngine, prompts, params) -> tuple[list[list[int]], int]:
 def test_a_drafter_declaring_a_high_cost_only_probes(target) -> None:
     poor = lambda cost: DraftModelDrafter(tiny_model(seed=4, scale=1.0), 256, 4, cost)  # noqa: E731
     free_out, free_drafts = drafted(engine(target, poor(DraftCost())), [[5, 6, 7]], GREEDY)
-    costly_out, costly_drafts = drafted(engine(target, poor(DraftCost(per_position=2.0))), [[5, 6, 7]], GREEDY)
-    interval = 8  # AdaptiveK's probe_interval: one draft every 8 steps
+    costly = engine(target, poor(DraftCost(per_position=0.8)))
+    costly_out, costly_drafts = drafted(costly, [[5, 6, 7]], GREEDY)
+    # One draft per probe, spaced by what a probe costs: 8 steps x 0.82 / PROBE_COST.
+    interval = costly.adaptive.probe_interval_at(1)
+    assert interval == 27
     assert costly_out == free_out
     assert free_drafts > 40 // interval + 1 >= costly_drafts > 0
 

@@ -8,8 +8,8 @@ import torch
 from verispec import SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine, _stop_prefix_len
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
 from verispec.spec_decode.draft_model import DraftModelDrafter
 from verispec.spec_decode.ngram import NgramDrafter
@@ -222,14 +222,27 @@ def test_eos_stops_unless_ignored() -> None:
     assert done[b].token_ids == free_run
 
 
-def test_max_tokens_is_capped_by_the_context_length(target) -> None:
-    """max_tokens beyond max_model_len means "until the context is full", not an error."""
+def test_max_tokens_beyond_the_context_is_refused_naming_it(target) -> None:
+    config = EngineConfig(max_model_len=48, cache=CacheConfig(4, 40))
+    engine = LLMEngine(target, word_tokenizer(), config)
+    prompt = PROMPTS[0]
+    room = 48 - len(prompt)
+    with pytest.raises(ValueError, match=rf"max_tokens={2**70} is too large: the prompt has {len(prompt)} "
+                                         rf"tokens and max_model_len is 48, so at most {room} can be generated"):
+        engine.add_request(prompt, SamplingParams(max_tokens=2**70))
+    with pytest.raises(ValueError, match=r"max_tokens=29 is too large: .*\(negative_prompt 20\).* at most 28"):
+        engine.add_request(prompt, SamplingParams(max_tokens=29, guidance_scale=1.5, negative_prompt=[1] * 20))
+    full = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=room, ignore_eos=True))
+    assert len(run_all(engine)[full].token_ids) == room
+
+
+def test_max_tokens_none_runs_until_the_context_is_full(target) -> None:
     config = EngineConfig(max_model_len=48, cache=CacheConfig(4, 40),
                           speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=4))
     engine = LLMEngine(target, word_tokenizer(), config, NgramDrafter(1, 3, 4))
     prompt = PROMPTS[0]
-    plain = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True))
-    cfg = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10**12, ignore_eos=True,
+    plain = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+    cfg = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True,
                                                     guidance_scale=1.5, negative_prompt=[1] * 20))
     done = run_all(engine)
     assert done[plain].finish_reason == "length" and len(done[plain].token_ids) == 48 - len(prompt)

@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from verispec.engine.kv_cache import HOLE, BlockManager
-from verispec.engine.prefix_cache import extend_chain, identity_key
+from verispec.runtime.kv_cache import HOLE, BlockManager
+from verispec.runtime.prefix_cache import extend_chain, identity_key
 
 
 def check_invariants(bm: BlockManager, lengths: dict) -> None:

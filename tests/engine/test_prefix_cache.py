@@ -9,8 +9,8 @@ import pytest
 from verispec import SamplingParams
 from verispec.config import CacheConfig, DynamicTree, EngineConfig, SpeculativeConfig, TreeShape
 from verispec.engine.engine import LLMEngine, RequestOutput
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.prefix_cache import extend_chain, identity_key
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.prefix_cache import extend_chain, identity_key
 from verispec.spec_decode.base import Drafter
 from verispec.spec_decode.draft_model import DraftModelDrafter
 from verispec.spec_decode.eagle import EagleDrafter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from verispec.config import CacheConfig, EngineConfig
-from verispec.engine.kv_cache import BlockManager
+from verispec.runtime.kv_cache import BlockManager
 from verispec.engine.request import FinishReason, Request
 from verispec.engine.scheduler import Scheduler
 from verispec.sampling_params import SamplingParams

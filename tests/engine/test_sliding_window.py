@@ -1,4 +1,4 @@
-"""KV blocks behind a sliding window go back to the pool (engine/kv_cache.py, sliding windows):
+"""KV blocks behind a sliding window go back to the pool (runtime/kv_cache.py, sliding windows):
 outputs are the same with and without releasing them, with every drafter and CFG, through
 preemption and prefix-cache hits; a sequence holds only its window's blocks after each step; a
 generation far longer than the cache runs when its window fits."""

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.engine.tree import feed_parents, path_move
 
 from ..model.test_tree_attention import fresh_last_logits, random_parents

@@ -4,6 +4,7 @@ dequantization cache, and errors that name the bad argument."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,10 @@ from safetensors.torch import load_file, save_file
 
 from verispec.model import AttentionMetadata, gguf_file, load_model
 from verispec.model.chat_template import CHATML_TEMPLATE
+from verispec.files import intact
 from verispec.model.loader import converted_checkpoint_dir
+
+from ..damage import flip_middle
 
 from .conftest import (TINY_CONFIG, llama_cpp_permute, make_hf_tiny, tiny_tokenizer, tiny_vocab, write_shape,
                        write_tiny_vocab)
@@ -102,6 +106,24 @@ def test_gguf_loads_like_hf_and_is_cached(tiny_gguf, tmp_path, monkeypatch) -> N
     monkeypatch.setattr(gguf_file, "_BoundedReader", None)
     again, _ = load_model(path, progress=False)
     torch.testing.assert_close(_all_logits(again, ids), expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_bytes_changed_in_the_converted_checkpoint_are_caught_and_it_is_converted_again(
+        tiny_gguf, tmp_path, monkeypatch, caplog, name) -> None:
+    hf, path = tiny_gguf
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    ids = list(range(3, 40))
+    clean = _all_logits(load_model(str(path), progress=False)[0], ids)
+    entry = converted_checkpoint_dir(str(path))
+    flip_middle(entry / name, 16)
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        model, tokenizer = load_model(str(path), progress=False)
+    (line,) = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert str(entry) in line and name in line and "converting tiny.gguf again" in line
+    assert torch.equal(_all_logits(model, ids), clean) and tokenizer.eos_token_id == 2
+    assert all(intact(f) for f in entry.iterdir() if f.suffix != ".crc32")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == [entry.name]
 
 
 def test_gguf_without_writable_cache_still_loads(tiny_gguf, tmp_path, monkeypatch) -> None:

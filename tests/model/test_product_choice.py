@@ -4,6 +4,7 @@ torch version and thread count, or forced by VERISPEC_FP32_PRODUCT."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -67,6 +68,20 @@ def test_the_measurement_is_cached_per_machine(tmp_path, monkeypatch) -> None:
     (tmp_path / "cpu-products.json").write_text("{damaged")
     seconds, calls = timings({2: "skinny"})
     assert product_choice(seconds, (8, 4), KINDS).kind(2) == "skinny" and calls
+
+
+def test_a_choice_whose_bytes_changed_is_measured_again(tmp_path, monkeypatch, caplog) -> None:
+    """Valid JSON naming other kinds than were measured would run a slower product, silently."""
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("VERISPEC_FP32_PRODUCT", raising=False)
+    path = tmp_path / "cpu-products.json"
+    product_choice(timings({16: "skinny"})[0], (8, 4), KINDS)
+    path.write_text(path.read_text().replace("skinny", "linear"))  # same length, still JSON
+    seconds, calls = timings({16: "skinny"})
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        assert product_choice(seconds, (8, 4), KINDS).kind(16) == "skinny" and calls
+    (line,) = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert str(path) in line and "timing the products again" in line
 
 
 def test_the_choice_can_be_forced(monkeypatch) -> None:

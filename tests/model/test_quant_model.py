@@ -3,6 +3,7 @@ the same weights as the widened float32 model, close logits, and speculation on 
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -12,11 +13,14 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.files import intact
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.model import load_model
 from verispec.model.attention import AttentionMetadata
 from verispec.model.quant.kernels import default_kernel
+
+from ..damage import flip_middle
 
 TEXT = ("<|im_start|>user\nExplain how a rainbow forms, for a child.<|im_end|>\n<|im_start|>"
         "assistant\nA rainbow forms when sunlight passes through raindrops. The light bends, "
@@ -121,6 +125,29 @@ def test_a_quantized_model_is_cached_and_a_damaged_cache_rebuilt(tmp_path, monke
     (entry / "model.pt").write_bytes(b"not a model")
     assert torch.equal(load(), first)  # ignored, rebuilt and rewritten
     assert (entry / "model.pt").stat().st_size > 100
+
+
+@pytest.mark.parametrize("name", ["model.pt", "tokenizer.json"])
+def test_bytes_changed_in_the_cached_quantized_model_are_caught_and_rebuilt(tmp_path, monkeypatch, caplog,
+                                                                          tiny_checkpoint, name) -> None:
+    """Changed bytes that still load (weights read as other weights) are a damaged cache too."""
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    _, directory = tiny_checkpoint
+    ids = list(range(10))
+
+    def load():
+        model, tokenizer = load_model(str(directory), quantization="int4", progress=False)
+        return _logits(model, ids), tokenizer.encode("the answer is 42")
+
+    first = load()
+    (entry,) = tmp_path.glob("*-int4-g32")
+    flip_middle(entry / name, 4096)
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        again = load()
+    assert torch.equal(again[0], first[0]) and again[1] == first[1]
+    (line,) = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert str(entry) in line and name in line and "preparing it again" in line
+    assert intact(entry / name)
 
 
 def test_compiled_layers_give_the_torch_layers_logits_and_hidden_states(stored) -> None:

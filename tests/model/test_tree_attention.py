@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.engine.tree import feed_parents
 from verispec.model import AttentionMetadata
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,28 +53,47 @@ def test_ray_flags_are_checked_before_anything_starts(flags, message, capsys) ->
     assert message in capsys.readouterr().err
 
 
+def _serve(checkpoint: str, *flags: str, **popen) -> tuple[subprocess.Popen, str]:
+    """A `verispec serve` process on a free port of 127.0.0.1, once it answers /health (120 s at most)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--model", checkpoint,
+                               "--port", str(port), "--kv-cache-gib", "0.002", "--threads", "1", *flags], **popen)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError("verispec serve did not start")
+        try:
+            if httpx2.get(url + "/health", timeout=1).status_code == 200:
+                return server, url
+        except httpx2.TransportError:
+            time.sleep(0.1)
+
+
 def test_the_chat_page_is_served_unless_no_web_ui(checkpoint) -> None:
     assert build_parser().parse_args(["serve"]).web_ui
     for flags, page_status in (([], 200), (["--no-web-ui"], 404)):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--model", checkpoint,
-                                   "--port", str(port), "--kv-cache-gib", "0.002", "--threads", "1", *flags],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server, url = _serve(checkpoint, *flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                assert server.poll() is None, "verispec serve exited"
-                assert time.monotonic() < deadline, "verispec serve did not start"
-                try:
-                    if httpx2.get(url + "/health").status_code == 200:
-                        break
-                except httpx2.TransportError:
-                    time.sleep(0.2)
             assert httpx2.get(url + "/").status_code == page_status
             assert httpx2.get(url + "/v1/models").status_code == 200
         finally:
             server.terminate()
             server.wait(timeout=30)
+
+
+def test_ctrl_c_stops_the_server_with_one_line_and_no_traceback(checkpoint, tmp_path) -> None:
+    """SIGINT, as Ctrl-C sends it, to a serving process: a clean shutdown, bounded."""
+    proc, _ = _serve(checkpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     env={**os.environ, "VERISPEC_CACHE_DIR": str(tmp_path)})
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode in (0, 130), err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.strip().splitlines()[-1] == "verispec: server stopped (Ctrl-C)"

@@ -13,6 +13,7 @@ from .conftest import MODEL
     ({"model": MODEL, "prompt": "the", "temperature": -1}, "temperature"),
     ({"model": MODEL, "prompt": "the", "top_p": 2}, "top_p"),
     ({"model": MODEL, "prompt": "the", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "the", "max_tokens": 2**70}, "max_tokens"),  # beyond the context
     ({"model": MODEL, "prompt": "the", "logit_bias": {"abc": 1}}, "logit_bias"),
     ({"model": MODEL, "prompt": "the", "logit_bias": {"5": 500}}, "logit_bias"),
     ({"model": MODEL, "prompt": "the", "logit_bias": {"99999": 1}}, "logit_bias"),
@@ -46,6 +47,7 @@ def test_bad_completion_requests_name_the_parameter(server, body, param) -> None
      "top_logprobs"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "the " * 400}]}, "messages"),
     ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "the"}], "max_tokens": 2**70}, "max_tokens"),
 ])
 def test_bad_chat_requests_name_the_parameter(server, body, param) -> None:
     r = httpx2.post(server[0] + "/v1/chat/completions", json=body)

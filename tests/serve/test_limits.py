@@ -84,7 +84,7 @@ def test_a_huge_prompt_is_refused_without_tokenizing_it_or_holding_the_engine(li
     monkeypatch.setattr(llm.engine, "prepare_request", watched_prepare)
     monkeypatch.setattr(llm.tokenizer, "encode", watched_encode)
     huge = "the " * (LIMITS.max_request_bytes // 4 - 20)
-    assert len(huge) > llm.engine._max_prompt_chars
+    assert len(huge) > 4 * llm.tokenizer.longest_token * llm.engine.config.max_model_len
     r = httpx2.post(limited[0] + "/v1/completions", json={"model": MODEL, "prompt": huge}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     assert "characters" in r.json()["error"]["message"] and len(huge) not in encoded

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from verispec import SamplingParams
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.sample.reference import reference_probs
 from verispec.spec_decode.base import DraftRequest
 from verispec.spec_decode.draft_model import DraftModelDrafter

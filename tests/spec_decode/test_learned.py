@@ -12,8 +12,8 @@ import torch
 from verispec import LLM, SamplingParams
 from verispec.config import CacheConfig, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.spec_decode.base import Drafter
 from verispec.sample import SamplingMetadata
 from verispec.sample.processors import process_logits

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from verispec import SamplingParams
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.model import AttentionMetadata
 from verispec.sample.reference import reference_probs
 from verispec.model.quant.linear import QuantLinear, quantize_linears_

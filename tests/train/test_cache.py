@@ -16,6 +16,7 @@ from verispec.train.record import Dataset
 from verispec.train.trainer import CHECKPOINT, TrainConfig, train
 
 from .. import learned
+from ..damage import flip_middle
 from ..tiny import tiny_checkpoint, word_tokenizer
 
 
@@ -34,8 +35,13 @@ def test_a_damaged_shard_is_recorded_again_with_a_warning(tmp_path, capsys) -> N
     prompts = [" ".join(f"t{(i + j) % 16}" for j in range(3)) for i in range(4)]
     first = record_shards(model, tokenizer, prompts, 6, tmp_path)
     (shard,) = _shards(tmp_path)
-    for damage in (shard.read_bytes()[: shard.stat().st_size // 2], b"", b"\x00" * 64):
-        shard.write_bytes(damage)
+    whole = shard.read_bytes()
+    for damage in (whole[: len(whole) // 2], b"", b"\x00" * 64, None):
+        if damage is None:  # bytes changed in the middle of the features: the file still loads
+            shard.write_bytes(whole)
+            flip_middle(shard, 256)
+        else:
+            shard.write_bytes(damage)
         again = record_shards(model, tokenizer, prompts, 6, tmp_path)
         err = capsys.readouterr().err
         assert "warning:" in err and str(shard) in err and "recording it again" in err
@@ -62,7 +68,8 @@ def test_a_shard_is_never_left_half_written(tmp_path, monkeypatch) -> None:
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(safetensors.torch, "save_file", real)
     data.save(path)
-    assert Dataset.load(path).tokens.equal(data.tokens) and list(tmp_path.iterdir()) == [path]
+    assert Dataset.load(path).tokens.equal(data.tokens)
+    assert sorted(tmp_path.iterdir()) == [path, path.with_name(path.name + ".crc32")]
 
 
 def test_an_inconsistent_recording_is_refused_naming_the_file(tmp_path) -> None:
@@ -83,7 +90,7 @@ class _Payload:
         return (open, (str(self.marker), "w"))
 
 
-@pytest.mark.parametrize("content", ["garbage", "code"])
+@pytest.mark.parametrize("content", ["garbage", "code", "flipped"])
 def test_a_damaged_or_foreign_checkpoint_is_not_run_and_training_starts_over(tmp_path, capsys, content) -> None:
     config = TrainConfig(epochs=1, batch_tokens=512, lr=3e-2, warmup_steps=2, checkpoint_every=3)
     marker = tmp_path / "ran"
@@ -91,6 +98,10 @@ def test_a_damaged_or_foreign_checkpoint_is_not_run_and_training_starts_over(tmp
     checkpoint = tmp_path / "run" / CHECKPOINT
     if content == "garbage":
         checkpoint.write_bytes(b"PK\x03\x04 not a checkpoint")
+    elif content == "flipped":  # a whole checkpoint of this run, bytes changed in its middle
+        train(learned.untrained("eagle"), learned.dataset(), config, checkpoint_dir=tmp_path / "run",
+              progress=False)
+        flip_middle(checkpoint, 64)
     else:
         torch.save({"identity": _Payload(marker)}, checkpoint)
     clean = train(learned.untrained("eagle"), learned.dataset(), config, checkpoint_dir=tmp_path / "clean",
@@ -107,7 +118,7 @@ def test_the_checkpoint_holds_only_tensors_and_plain_values(tmp_path) -> None:
     config = TrainConfig(epochs=1, batch_tokens=512, lr=3e-2, warmup_steps=2, checkpoint_every=3)
     train(learned.untrained("medusa"), learned.dataset(), config, checkpoint_dir=tmp_path, progress=False)
     saved = torch.load(tmp_path / CHECKPOINT, weights_only=True)
-    assert saved["step"] > 0 and [p.name for p in tmp_path.iterdir()] == [CHECKPOINT]
+    assert saved["step"] > 0 and sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT, CHECKPOINT + ".crc32"]
     with pytest.raises(pickle.UnpicklingError):
         torch.save({"x": _Payload(tmp_path / "ran")}, tmp_path / "evil.pt")
         torch.load(tmp_path / "evil.pt", weights_only=True)

@@ -10,8 +10,8 @@ import torch
 
 from verispec import LLM, SamplingParams
 from verispec.cli import main
-from verispec.engine.kv_cache import BlockManager
-from verispec.engine.runner import Feed, ModelRunner
+from verispec.runtime.kv_cache import BlockManager
+from verispec.runtime.runner import Feed, ModelRunner
 from verispec.spec_decode.heads import head_config, load_head
 from verispec.train import trainer
 from verispec.train.command import acceptance, answer_params, draft_vocabulary

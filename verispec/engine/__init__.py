@@ -1,1 +1,1 @@
-"""The engine: request state, paged KV bookkeeping, scheduler, model runner, LLMEngine, LLM."""
+"""The engine: request state, scheduler, LLMEngine, LLM (the paged KV cache and model runner it drives are in runtime/)."""

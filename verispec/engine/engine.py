@@ -53,10 +53,10 @@ from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chai
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
 from ..spec_decode.trace import StepRecord, ends_in_bonus
-from .kv_cache import BlockManager
-from .prefix_cache import identity_key
+from ..runtime.kv_cache import BlockManager
+from ..runtime.prefix_cache import identity_key
 from .request import FinishReason, Request
-from .runner import Feed, ModelRunner
+from ..runtime.runner import Feed, ModelRunner
 from .scheduler import ScheduledRequest, Scheduler
 from .tree import accepted_rows, feed_parents, path_move
 
@@ -190,9 +190,6 @@ class LLMEngine:
         self._steps = 0  # engine steps run so far
         self._requests: dict[str, Request] = {}
         self._decoders: dict[str, IncrementalDecoder] = {}
-        # No token covers more than longest_token characters (4x for normalizers that merge
-        # characters), so a longer text has at least max_model_len tokens.
-        self._max_prompt_chars = 4 * tokenizer.longest_token * config.max_model_len
 
     def add_request(
         self,
@@ -235,6 +232,13 @@ class LLMEngine:
             if len(tokens) >= self.config.max_model_len:
                 raise ValueError(f"{what} has {len(tokens)} tokens: expected fewer than "
                                  f"max_model_len ({self.config.max_model_len})")
+        # As vLLM: a completion the context cannot hold is refused, not silently cut short.
+        room = self.config.max_model_len - max(len(ids), len(uncond or []))
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(f"max_tokens={params.max_tokens} is too large: the {name} has {len(ids)} tokens"
+                             f"{f' (negative_prompt {len(uncond)})' if uncond and len(uncond) > len(ids) else ''}"
+                             f" and max_model_len is {self.config.max_model_len}, so at most {room} can be "
+                             f"generated")
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         spec = self.config.speculative
@@ -257,14 +261,14 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
         params, k = prepared.params, prepared.num_speculative_tokens
-        longest = max(len(prepared.prompt_token_ids), len(prepared.uncond_token_ids or []))
+        room = self.config.max_model_len - max(len(prepared.prompt_token_ids), len(prepared.uncond_token_ids or []))
         request = Request(
             request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, params=params,
             seed=params.seed if params.seed is not None else fresh_seed(),
             arrival=arrival, num_speculative_tokens=k, max_speculative_tokens=k,
             uncond_token_ids=prepared.uncond_token_ids, prompt=prepared.prompt,
             logprobs=None if params.logprobs is None else [],
-            max_tokens=min(params.max_tokens, self.config.max_model_len - longest),
+            max_tokens=room if params.max_tokens is None else params.max_tokens,
             group=prepared.group, grammar=prepared.grammar,
         )
         request.num_speculative_tokens = self._next_k(request)
@@ -278,7 +282,11 @@ class LLMEngine:
         if isinstance(value, str):
             # A text too long for any tokenization to fit is refused before encoding it (a
             # 20 MB prompt would take seconds and gigabytes to tokenize only to be refused).
-            if len(value) > self._max_prompt_chars:
+            # No token covers more than longest_token characters (4x for normalizers that merge
+            # characters), so a longer text has at least max_model_len tokens. longest_token
+            # reads the whole vocabulary (~0.1 s), so only a text that could be that long asks.
+            limit = self.config.max_model_len
+            if len(value) > limit and len(value) > 4 * self.tokenizer.longest_token * limit:
                 raise ValueError(f"{name} has {len(value)} characters: at least max_model_len "
                                  f"({self.config.max_model_len}) tokens, expected fewer")
             ids = self.tokenizer.encode(value, add_special_tokens=add_special_tokens)

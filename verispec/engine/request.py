@@ -9,8 +9,8 @@ Terms:
   the rest. A request *samples* in a step when every pending token of every sequence is fed in
   that step: the rows of its last pending token and of its draft tokens then give logits;
 - *step* counts the request's sampling steps; with the seed it keys the request's random numbers;
-- its *max_tokens* is SamplingParams.max_tokens lowered so that every sequence stays within the
-  engine's max_model_len (a huge max_tokens means "until the context is full", not an error).
+- its *max_tokens* is SamplingParams.max_tokens, or with max_tokens=None the room its longest
+  sequence leaves in the engine's max_model_len (the engine refuses a max_tokens beyond it).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Sequence:
     seq_id: str
     prefix_token_ids: list[int]  # the prompt (conditional) or the negative prompt (companion)
     num_computed: int = 0
-    # Chain hashes of its first full blocks (prefix_cache.py), kept across preemption: tokens only grow.
+    # Chain hashes of its first full blocks (runtime/prefix_cache.py), kept across preemption: tokens only grow.
     block_hashes: list[bytes] = field(default_factory=list)
 
 

@@ -10,7 +10,7 @@ Plain Python over the BlockManager. Each step:
    the oldest waiting request of the group with the fewest running requests, so a request that
    fans out into thousands of sequences takes turns with later ones instead of queueing them
    all behind it. Requests without a group are each their own: admission in arrival order.
-With prefix caching (kv_cache.py), an admitted sequence starts from the cached blocks of its
+With prefix caching (runtime/kv_cache.py), an admitted sequence starts from the cached blocks of its
 longest cached prefix and computes the rest; its last token is never taken from the cache,
 since its row must be fed to give logits (vLLM does the same). Full blocks of committed tokens
 are published after every step, and before a request's blocks are freed (finished or
@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import EngineConfig
-from .kv_cache import BlockManager
-from .prefix_cache import PrefixCacheStats, extend_chain
+from ..runtime.kv_cache import BlockManager
+from ..runtime.prefix_cache import PrefixCacheStats, extend_chain
 from .request import FinishReason, Request, RequestStatus, Sequence
 
 logger = logging.getLogger(__name__)

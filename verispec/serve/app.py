@@ -70,7 +70,7 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
             many = f"n={body.n}" if len(prompts) == 1 else f"n={body.n} x {len(prompts)} prompts"
             raise APIError(f"{many} asks for {body.n * len(prompts)} sequences: this server allows at most "
                            f"{limits.max_choices} per request (`verispec serve --max-choices`)", "n")
-        default_max = llm.engine.config.max_model_len if chat else DEFAULT_COMPLETION_TOKENS
+        default_max = None if chat else DEFAULT_COMPLETION_TOKENS  # None: the rest of the context
         params = [sampling_params(body, i, default_max) for i in range(body.n)]
         name = "messages" if chat else "prompt"
         return [Submission(f"{request_id}-{p}-{i}", prompt, params[i], body.num_speculative_tokens,

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ..engine.engine import LLMEngine, RequestOutput
-from ..engine.prefix_cache import PrefixCacheStats
+from ..runtime.prefix_cache import PrefixCacheStats
 from ..spec_decode.metrics import SpecDecodeStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

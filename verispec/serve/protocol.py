@@ -133,7 +133,8 @@ class ChatRequest(SamplingRequest):
     top_logprobs: int | None = None
 
 
-def sampling_params(request: CompletionRequest | ChatRequest, index: int, default_max_tokens: int) -> SamplingParams:
+def sampling_params(request: CompletionRequest | ChatRequest, index: int,
+                    default_max_tokens: int | None) -> SamplingParams:
     """SamplingParams of the request's `index`-th sample (of n): a seeded request gives sample i
     the seed seed + i, so that the n samples differ and each is reproducible. Bad values raise
     APIError (400) naming the parameter."""

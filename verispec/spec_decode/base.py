@@ -146,7 +146,7 @@ class Drafter(ABC):
 
     def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         """How many leading tokens of a request being admitted the target may take from its
-        prefix cache (verispec/engine/prefix_cache.py), so that their hidden states are never
+        prefix cache (verispec/runtime/prefix_cache.py), so that their hidden states are never
         observed, with this drafter still able to draft for it (or, recording, to record them).
         A drafter may hold state for the request from here on (it is released as usual); the
         engine asks again each time it tries to admit the request. This default: none for a

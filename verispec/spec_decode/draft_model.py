@@ -22,8 +22,8 @@ from typing import Sequence
 import torch
 
 from ..config import DraftCost
-from ..engine.kv_cache import BlockManager
-from ..engine.runner import Feed, ModelRunner
+from ..runtime.kv_cache import BlockManager
+from ..runtime.runner import Feed, ModelRunner
 from ..model import LlamaModel
 from .base import DraftBatch, Drafter, DraftRequest
 from .draft_sampling import draft_metadata, sample_drafts

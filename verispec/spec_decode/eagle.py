@@ -23,7 +23,7 @@ level overwrites the cache slots of the last, so drafting leaves only confirmed 
 was dropped mid-request, or a step drafted before its prompt's features arrived) gets no
 drafts this step: that costs speed, never exactness.
 
-Prefix caching (verispec/engine/prefix_cache.py): the target takes a prompt's cached prefix
+Prefix caching (verispec/runtime/prefix_cache.py): the target takes a prompt's cached prefix
 without feeding it, so its features never arrive; the head therefore keeps a prefix cache of
 its own, and the target skips only what the head has (`restorable_prefix`). Head position t
 holds (f_t, x_{t+1}), a function of the head, the target and x_0 .. x_{t+1}, so a head block's
@@ -40,9 +40,9 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from ..config import DraftCost, DynamicTree
-from ..engine.kv_cache import BlockManager
-from ..engine.prefix_cache import block_hash, extend_chain, identity_key
-from ..engine.runner import Feed, ModelRunner
+from ..runtime.kv_cache import BlockManager
+from ..runtime.prefix_cache import block_hash, extend_chain, identity_key
+from ..runtime.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab
 from .features import FeatureStore

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..config import EngineConfig, SpeculativeConfig
 from ..engine.engine import LLMEngine
-from ..files import atomic_path
+from ..files import atomic_path, intact
 from ..model import LlamaModel, Tokenizer
 from ..sampling_params import SamplingParams
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
@@ -77,10 +77,11 @@ class Dataset:
                    torch.cat([p.prompt_lens for p in parts]), layers.pop())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Written to a temporary name and renamed: a run killed while saving leaves no shard."""
+        """Written to a temporary name and renamed: a run killed while saving leaves no shard; its
+        checksum beside it (verispec.files.seal), which `load` checks."""
         from safetensors.torch import save_file
 
-        with atomic_path(path) as partial:
+        with atomic_path(path, sealed=True) as partial:
             save_file({"tokens": self.tokens, "features": self.features.to(torch.bfloat16).contiguous(),
                        "offsets": self.offsets, "prompt_lens": self.prompt_lens}, str(partial),
                       metadata={"layers": json.dumps(list(self.layers))})
@@ -88,10 +89,13 @@ class Dataset:
     @classmethod
     def load(cls, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> Dataset:
         """`dtype`: the features' (stored as bf16; keeping them so halves a large dataset's memory).
-        ValueError naming the file when it is not a whole, consistent recording."""
+        ValueError naming the file when it is not a whole, consistent recording, or not the bytes
+        `save` wrote."""
         from safetensors import SafetensorError, safe_open
 
         source = f"recording {str(path)!r}"
+        if not intact(path):
+            raise ValueError(f"{source} is damaged: its bytes do not match the checksum written with it")
         try:
             with safe_open(str(path), framework="pt") as f:
                 layers = tuple(json.loads((f.metadata() or {})["layers"]))

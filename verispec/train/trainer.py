@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..files import atomic_path
+from ..files import atomic_path, intact
 from ..spec_decode.heads import EagleHead, Head, MedusaHeads
 from .record import Dataset
 from .unroll import unrolled_passes, valid_rows
@@ -219,6 +219,8 @@ def _resume(path: Path, identity: dict, head: Head, optimizer: torch.optim.Optim
     A damaged or foreign checkpoint is reported and training starts from the beginning."""
     state = {name: p.detach().clone() for name, p in head.own_state().items()}
     try:
+        if not intact(path):
+            raise ValueError("its bytes do not match the checksum written with it")
         saved = torch.load(path, weights_only=True)
         if not _same(saved["identity"], identity):
             return 0
@@ -244,5 +246,5 @@ def _same(a: dict, b: dict) -> bool:
 
 def _save(path: Path, state: dict) -> None:
     """Atomically: a run killed while saving keeps the previous checkpoint."""
-    with atomic_path(path) as partial:
+    with atomic_path(path, sealed=True) as partial:
         torch.save(state, partial)

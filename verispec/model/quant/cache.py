@@ -5,7 +5,9 @@ vocabulary) or rounding a float checkpoint to int4 (seconds more) happens once; 
 saved under the loader's cache directory with torch.save and read back with
 torch.load(weights_only=True, mmap=True): tensors and plain values only, nothing to execute.
 Written to a temporary name and renamed (verispec.files), so a killed run leaves no cut file;
-a file that does not load is ignored and rewritten.
+each file's checksum is written beside it and checked before loading (the check reads the ~100
+MB once; the pages it brings in are the ones the first forward pass reads), so a damaged file is
+reported in one line and rebuilt, as is a file that does not load.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.files import atomic_path
+from verispec.files import atomic_path, intact, seal
 from verispec.model.config import ModelConfig
 from verispec.model.llama import LlamaModel
 from verispec.model.quant.formats import PanelWeight, QuantizedWeight
@@ -24,6 +26,7 @@ from verispec.model.tokenizer import Tokenizer
 
 # Bump when what is saved changes meaning.
 FORMAT = 4  # 3: panels of 16 columns; 4: a tied embedding stored once, as the LM head
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what Tokenizer.save writes
 _log = logging.getLogger("verispec")
 Weight = QuantizedWeight | PanelWeight | torch.Tensor
 
@@ -59,7 +62,9 @@ def save(model: LlamaModel, tokenizer: Tokenizer, directory: Path) -> None:
              "parameters": dict(model.named_parameters())}
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(directory)
-    with atomic_path(directory / "model.pt") as path:
+    for name in TOKENIZER_FILES:
+        seal(directory / name)
+    with atomic_path(directory / "model.pt", sealed=True) as path:
         torch.save(state, path)
 
 
@@ -67,6 +72,11 @@ def load(directory: Path) -> tuple[LlamaModel, Tokenizer] | None:
     """The model saved by `save`, or None when there is none or it does not load."""
     path = directory / "model.pt"
     if not path.is_file():
+        return None
+    damaged = [name for name in ("model.pt", *TOKENIZER_FILES) if not intact(directory / name)]
+    if damaged:
+        _log.warning("verispec: the cached quantized model in %s is damaged (%s: not the bytes written); "
+                     "preparing it again", directory, ", ".join(damaged))
         return None
     try:
         state = torch.load(path, weights_only=True, mmap=True)

@@ -21,13 +21,14 @@ Drafting from either costs no model pass, so at K = 1 (two verify rows, which co
 does on this CPU: verispec/model/linear.py) tokens per step is the speed-up over no
 speculation. Answers are generated once and cached under the cache directory.
 
-    python bench/retrieval_probe.py                 # all 874 training prompts, 192 tokens each
-    python bench/retrieval_probe.py --store-prompts 256 -k 1
+    python bench/research/retrieval_probe.py                 # all 874 training prompts, 192 tokens each
+    python bench/research/retrieval_probe.py --store-prompts 256 -k 1
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -35,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, drafters.py
+from common import write_json  # noqa: E402
 
 from verispec import SamplingParams
 from verispec.config import SpeculativeConfig

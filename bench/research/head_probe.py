@@ -23,17 +23,19 @@ greedy trajectory, side by side for every rule:
   see the confidence that stops it), reported as tokens per unit of cost (x none).
 Target distributions are the full vocabulary's; the head's q lives on its draft vocabulary.
 
-    python bench/head_probe.py                                   # the shipped EAGLE head
-    python bench/head_probe.py --head eagle-1.82.safetensors --per-category 4
+    python bench/research/head_probe.py                                   # the shipped EAGLE head
+    python bench/research/head_probe.py --head eagle-1.82.safetensors --per-category 4
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
-from common import write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, drafters.py
+from common import write_json  # noqa: E402
 from drafters import load
 
 from verispec import SamplingParams
