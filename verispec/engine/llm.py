@@ -279,6 +279,7 @@ class LLM:
         prompts = [render_tool_chat(self.tokenizer, list(c), use) for c in conversations]
         if use is None or not use.active:
             return self._generate(prompts, sampling_params, use_tqdm, add_special_tokens=False)
+        use.check_limits(self.engine.config.structured)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         outputs = self._generate(prompts, [_with_tools(p, use, tool_choice) for p in sampling_params], use_tqdm,

@@ -120,6 +120,11 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) ->
         if not body.messages:
             raise APIError("messages is empty: expected at least one message", "messages")
         use = body.tool_use()
+        if use is not None and use.active:
+            try:
+                use.check_limits(llm.engine.config.structured)
+            except ValueError as error:
+                raise invalid(error) from None
         messages = [m.as_dict() for m in body.messages]
         try:
             check_messages(messages)

@@ -15,6 +15,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..config import StructuredOutputConfig
+from ..structured.spec import json_depth
+
 CHOICES = ("none", "auto", "required")
 # OpenAI's rule for function names: the server and the grammar can then embed them verbatim.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -55,6 +58,17 @@ class ToolUse:
     def active(self) -> bool:
         """Whether calls are possible (and the tools go into the prompt)."""
         return self.mode != "none" and bool(self.callable)
+
+    def check_limits(self, config: StructuredOutputConfig) -> None:
+        """ValueError naming the tool and the limit when a parameter schema is nested deeper than
+        max_schema_depth (the call's JSON puts it two levels down). The grammar's size is checked
+        with the others' (max_grammar_bytes)."""
+        for i, tool in enumerate(self.tools):
+            depth = json_depth(tool.parameters) + 2
+            if tool in self.callable and depth > config.max_schema_depth:
+                raise ValueError(f"tools[{i}].function.parameters is nested {depth} levels deep in a call: "
+                                 f"expected at most {config.max_schema_depth} (the schema depth limit, "
+                                 "max_schema_depth)")
 
 
 def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
