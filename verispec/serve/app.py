@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..config import ServeLimits
 from ..engine.engine import RequestOutput
 from ..engine.llm import LLM
+from ..sampling_params import STRUCTURED_FIELDS
 from ..spec_decode.metrics import SpecDecodeStats
 from ..tools import ToolUse, render_tool_chat
 from ..tools.prompt import check_messages
@@ -84,7 +85,9 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) ->
         try:
             first = await outputs.__anext__()
         except (ValueError, TypeError) as error:
-            raise invalid(error) from None
+            # A grammar refused when compiled names its SamplingParams field: name the request's.
+            field = structured_field(body)
+            raise invalid(error, rename=dict.fromkeys(STRUCTURED_FIELDS, field) if field else None) from None
         except EngineStepError as error:
             raise APIError(str(error), status=500) from None
         except StopAsyncIteration:

@@ -91,17 +91,27 @@ def _compile_and_start(tokenizer, grammar: str, vocab_size: int):  # -> (llguida
                                     limits=llguidance.LLParserLimits(verbose_errors=False))
     if compiled.is_error():
         return compiled, f"is invalid: {one_line(compiled.get_error())}"
-    probe = compiled.deep_copy()
     words = (vocab_size + 31) // 32
     bits = np.zeros(words, dtype=np.int32)
-    probe.unsafe_compute_mask_ptr(bits.ctypes.data, words * 4)
-    if probe.is_error():
-        return compiled, (f"cannot be started: its first token mask fails ({one_line(probe.get_error())}; "
-                          "a grammar engine limit, e.g. llguidance's lexer budget)")
-    if not bits.any():
+    # Twice, on two copies: the copies of a compiled grammar share its lexer's derivative cache
+    # and expression budget, so a grammar whose first mask (nearly) spends that budget, such as
+    # (a{1000}){1000}, passes once and then fails on every request's first mask.
+    for _ in range(2):
+        probe = compiled.deep_copy()
+        probe.unsafe_compute_mask_ptr(bits.ctypes.data, words * 4)
+        if probe.is_error() and not _dead_end(probe.get_error()):
+            return compiled, (f"exhausts the grammar engine's budget in its first token masks "
+                              f"({one_line(probe.get_error())}): llguidance's parser limits, e.g. its lexer's "
+                              "expressions (max_lexer_states) and fuel (step_lexer_fuel)")
+    if probe.is_error() or not bits.any():
         return compiled, ("allows no output: no token can begin it (its language is empty, e.g. a regex "
                           "that matches no character or a schema whose $refs only refer to each other)")
     return compiled, None
+
+
+def _dead_end(error: str) -> bool:
+    """Whether llguidance's error says that no token continues (rather than a limit ran out)."""
+    return "NoExtensionBias" in error or "no token" in error.lower()
 
 
 def _lltokenizer(tokenizer, vocab_size: int, eos: list[int]):
