@@ -2,7 +2,8 @@
 tool_choice, streamed and not (the streamed deltas join into the whole response's calls),
 parallel calls or one, a two-turn exchange with a tool result, greedy output the same with and
 without drafts (and offline, LLM.chat with the same fields), the arguments of many seeded sampled
-calls validating against their schemas (jsonschema), and bad input as 400s naming the field."""
+calls validating against their schemas (jsonschema), bad input as 400s naming the field, and
+run-batch taking the same fields."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from verispec import LLM, SamplingParams
+from verispec.cli import main
 from verispec.model import Tokenizer
 from verispec.model.gguf_vocab import build_bpe_tokenizer
 
@@ -187,3 +189,24 @@ def test_bad_input_is_a_400_naming_the_field(client, extra, param, message) -> N
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, **kwargs)
     assert bad.value.body["param"] == param and message in bad.value.body["message"], bad.value.body
+
+
+def test_run_batch_takes_the_same_fields(client, checkpoint, tmp_path) -> None:
+    bodies = {"named": dict(tool_choice={"type": "function", "function": {"name": "add"}}),
+              "required": dict(tool_choice="required", parallel_tool_calls=False),
+              "bad": dict(tool_choice={"type": "function", "function": {"name": "sub"}})}
+    lines = [json.dumps({"custom_id": key, "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": MODEL, "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 120} | extra})
+        for key, extra in bodies.items()]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--model",
+                 checkpoint, "--served-model-name", MODEL, "--kv-cache-gib", "0.05", "-k", "3", "--no-progress"]) == 0
+    records = {r["custom_id"]: r["response"] for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert records["bad"]["status_code"] == 400 and records["bad"]["body"]["error"]["param"] == "tool_choice"
+    for key in ("named", "required"):
+        served = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0,
+                                                max_tokens=120, **bodies[key])
+        choice = records[key]["body"]["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == \
+            [(c.function.name, c.function.arguments) for c in served.choices[0].message.tool_calls]
