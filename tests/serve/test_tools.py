@@ -142,7 +142,8 @@ def test_two_turns_with_a_tool_result(client, reference) -> None:
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
                                            parallel_tool_calls=False, temperature=0, max_tokens=120)
     call = first.choices[0].message.tool_calls[0]
-    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    # As the README's example sends it back.
+    history = ASK + [first.choices[0].message.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
     second = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, temperature=0,
                                             max_tokens=30)
