@@ -180,7 +180,8 @@ def test_greedy_calls_are_the_same_with_and_without_drafts(client, checkpoint, r
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "objectx"}}}}}]), "tools", "objectx"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": json.loads(
-        '{"type": "object", "properties": {"x": ' * 20 + '{}' + '}}' * 20)}}]), "tools[0].function.parameters", "max_schema_depth"),
+        '{"type": "object", "properties": {"x": ' * 20 + '{}' + '}}' * 20)}}]), "tools[0].function.parameters",
+     "max_schema_depth"),
     (dict(tool_choice="required"), "tool_choice", "without tools"),
     (dict(tools=TOOLS, response_format={"type": "json_object"}), "tool_choice", "both set"),
     (dict(tools=TOOLS, messages=ASK + [{"role": "tool", "content": "3"}]), "messages[1].tool_call_id", "missing"),
@@ -202,7 +203,8 @@ def test_run_batch_takes_the_same_fields(client, checkpoint, tmp_path) -> None:
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--model",
                  checkpoint, "--served-model-name", MODEL, "--kv-cache-gib", "0.05", "-k", "3", "--no-progress"]) == 0
-    records = {r["custom_id"]: r["response"] for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    lines_out = (tmp_path / "out.jsonl").read_text().splitlines()
+    records = {r["custom_id"]: r["response"] for r in map(json.loads, lines_out)}
     assert records["bad"]["status_code"] == 400 and records["bad"]["body"]["error"]["param"] == "tool_choice"
     for key in ("named", "required"):
         served = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0,
