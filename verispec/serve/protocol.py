@@ -5,7 +5,8 @@ Fields follow OpenAI's API; top_k, min_p, repetition_penalty, guidance_scale, ne
 num_speculative_tokens and ignore_eos are extensions (the `extra_body` of OpenAI's client), and
 so are vLLM's structured-output fields guided_json, guided_regex, guided_grammar and
 guided_choice, beside OpenAI's response_format (json_object, or json_schema: enforced whether or
-not `strict` is set).
+not `strict` is set). Chat requests take OpenAI's tools, tool_choice and parallel_tool_calls
+(verispec.tools), and messages with an assistant's tool_calls or a tool's result (tool_call_id).
 Unknown fields are ignored, as OpenAI's own server ignores fields it does not use. Types are
 strict, as OpenAI's: a string is not a number or a boolean (`"n": "2"` is a 400 naming n).
 """
