@@ -16,12 +16,20 @@ import pytest
 from verispec import SamplingParams
 from verispec.structured.choice import choice_grammar
 
-from .conftest import MODEL
+from .conftest import MODEL, make_llm, serving
 
 EMPTY_REGEX = "[^\\x00-\\U0010FFFF]"
 LOOPING_SCHEMA = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 EXHAUSTING_REGEX = "(a{1000}){1000}"  # the lexer runs out of expressions within its first masks
 DEAD_END_REGEX = "ab\u00e9"  # no token of the tiny vocabulary spells é: stuck after "ab"
+
+
+@pytest.fixture(scope="module")
+def client(checkpoint):
+    """A server of its own: the load these tests make would skew the step costs the session's
+    server learns (adaptive K), and with them other tests' drafting."""
+    with serving(make_llm(checkpoint), MODEL) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
 def _refused(client, **extra) -> dict:
