@@ -147,7 +147,8 @@ Any OpenAI client works; point it at http://HOST:PORT/v1, e.g.
                                    extra_body={"top_k": 50, "num_speculative_tokens": 3})
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: true for server-sent
-events), GET /v1/models, GET /health, GET /metrics (Prometheus). Beyond OpenAI's fields, requests
+events), GET /v1/models, GET /health, GET /metrics (Prometheus), and a chat page at GET / that
+marks each token as an accepted draft or the verifier's own (--no-web-ui turns it off). Beyond OpenAI's fields, requests
 accept top_k, min_p, repetition_penalty, guidance_scale, negative_prompt, ignore_eos and
 num_speculative_tokens (per-request K, 0 turns speculation off for that request). Concurrent
 requests share every engine step; speculation stays exact, so a request's output does not
@@ -199,6 +200,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--stall-timeout", type=float, default=limits.stall_s, metavar="S",
                        help=f"GET /health answers 503 once the engine has spent this long in one step with "
                             f"work queued (default: {limits.stall_s:g})")
+    serve.add_argument("--no-web-ui", dest="web_ui", action="store_false",
+                       help="do not serve the chat page at GET / (default: served, on the API's own "
+                            "host and port: a browser at http://HOST:PORT/ chats with the model and sees "
+                            "which tokens were drafted and accepted)")
     serve.add_argument("--ray-replicas", type=int, default=None, metavar="N",
                        help="serve as a Ray Serve deployment of N replicas, each its own engine with "
                             "--threads threads (default 1), behind Ray Serve's proxy on --host:--port; "
@@ -393,8 +398,8 @@ def serve(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     print("loading model ...", file=sys.stderr, flush=True)
     llm = LLM(**llm_kwargs(args))
-    uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits), args.host, args.port,
-                                 limits)).run()
+    uvicorn.Server(server_config(build_app(llm, args.served_model_name, limits, args.web_ui), args.host,
+                                 args.port, limits)).run()
     return 0
 
 
@@ -406,7 +411,7 @@ def serve_on_ray(args: argparse.Namespace, limits: ServeLimits) -> int:
     check_replicas(args.ray_replicas, threads)
     with ray_session(args.address):
         url = deploy(llm_kwargs(args), args.served_model_name, limits, args.ray_replicas, threads,
-                     args.host, args.port)
+                     args.host, args.port, args.web_ui)
         print(f"serving on {url} with {args.ray_replicas} Ray Serve replicas; Ctrl-C stops", file=sys.stderr,
               flush=True)
         try:

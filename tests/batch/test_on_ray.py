@@ -152,6 +152,11 @@ def test_serve_on_two_replicas_answers_openai_streamed_and_not(checkpoint) -> No
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
                            client.chat.completions.create(**ask, stream=True) if chunk.choices)
         assert texts == {streamed} and len(streamed) > 0
+        page = httpx2.get(url + "/")  # the chat page, from a replica behind the proxy
+        assert page.status_code == 200 and f'"model": "{MODEL}"' in page.text and REPLICA_HEADER in page.headers
+        traced = [c.choices[0].model_extra.get("speculation") for c in client.chat.completions.create(
+            **ask, stream=True, stream_options={"include_speculation": True}) if c.choices]
+        assert sum(len(s["tokens"]) for s in traced if s) == 16
         completion = client.completions.create(model=MODEL, prompt="a b c", max_tokens=5, temperature=0,
                                                extra_body={"ignore_eos": True})
         assert completion.usage.completion_tokens == 5

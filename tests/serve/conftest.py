@@ -34,13 +34,13 @@ def make_llm(checkpoint: str) -> LLM:
 
 
 @contextlib.contextmanager
-def serving(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) -> Iterator[str]:
+def serving(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), web_ui: bool = True) -> Iterator[str]:
     """Serves `llm` under `limits` on 127.0.0.1 and a free port in a thread, as `verispec serve`
-    does; yields the base url; always shuts the server down."""
+    does (`web_ui`: with the chat page); yields the base url; always shuts the server down."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(server_config(build_app(llm, model_name, limits), "127.0.0.1", port, limits,
+    server = uvicorn.Server(server_config(build_app(llm, model_name, limits, web_ui), "127.0.0.1", port, limits,
                                          log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
+import httpx2
 import pytest
 
 from verispec.cli import build_parser
@@ -43,3 +49,30 @@ def test_ray_flags_are_checked_before_anything_starts(flags, message, capsys) ->
 
     assert main(["serve", "--model", "/nonexistent", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_chat_page_is_served_unless_no_web_ui(checkpoint) -> None:
+    assert build_parser().parse_args(["serve"]).web_ui
+    for flags, page_status in (([], 200), (["--no-web-ui"], 404)):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--model", checkpoint,
+                                   "--port", str(port), "--kv-cache-gib", "0.002", "--threads", "1", *flags],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, "verispec serve exited"
+                assert time.monotonic() < deadline, "verispec serve did not start"
+                try:
+                    if httpx2.get(url + "/health").status_code == 200:
+                        break
+                except httpx2.TransportError:
+                    time.sleep(0.2)
+            assert httpx2.get(url + "/").status_code == page_status
+            assert httpx2.get(url + "/v1/models").status_code == 200
+        finally:
+            server.terminate()
+            server.wait(timeout=30)

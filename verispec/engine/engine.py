@@ -52,6 +52,7 @@ from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
 from ..structured import GrammarCompiler, GrammarError, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
+from ..spec_decode.trace import StepRecord, ends_in_bonus
 from .kv_cache import BlockManager
 from .prefix_cache import identity_key
 from .request import FinishReason, Request
@@ -85,6 +86,9 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] | None = None
     # Prompt tokens taken from the prefix cache at admission (None before the request was admitted).
     num_cached_tokens: int | None = None
+    # The verify step that emitted new_token_ids (None when the output emitted nothing):
+    # StepRecord.origins(len(new_token_ids)) says which were accepted drafts.
+    new_step: StepRecord | None = None
     # LLM.chat with tools that may be called: the calls read from `text` (verispec.tools.ToolCall).
     tool_calls: list | None = None
 
@@ -115,6 +119,7 @@ class _Emitted:
     num_accepted: int
     num_draft: int
     logprobs: list[TokenLogprob] | None  # per token, when the request asked for them
+    bonus: bool  # the last token follows an accepted path with no draft after it (trace.py)
 
 
 @dataclass(frozen=True)
@@ -406,9 +411,11 @@ class LLMEngine:
             self.drafter.observe(fed, hidden)
         emitted: list[_Emitted | None] = []
         for p in scheduled:
-            v = results.get(p.request.request_id) if p.samples else None
+            rid = p.request.request_id
+            v = results.get(rid) if p.samples else None
             emitted.append(None if v is None else _Emitted(
-                v.token_ids, len(v.path), len(drafts.of(p.request.request_id)), v.logprobs))
+                v.token_ids, len(v.path), len(drafts.of(rid)), v.logprobs,
+                ends_in_bonus(len(drafts.of(rid)), drafts.parents.get(rid), v.path)))
         return emitted
 
     def _commit(self, p: ScheduledRequest, emitted: _Emitted | None) -> RequestOutput | None:
@@ -423,7 +430,8 @@ class LLMEngine:
         if self.adaptive is not None:
             self.adaptive.observe(request.request_id, emitted.num_draft, emitted.num_accepted)
             request.num_speculative_tokens = self._next_k(request)
-        return self._append(request, emitted.token_ids, emitted.logprobs)
+        step = StepRecord(request.step, emitted.num_draft, emitted.num_accepted, emitted.bonus)
+        return self._append(request, emitted.token_ids, emitted.logprobs, step)
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
         logger.warning("request %s failed", request.request_id, exc_info=error)
@@ -561,7 +569,7 @@ class LLMEngine:
         return [_Verified(t, path, r) for t, path, r in zip(tokens, paths, records)]
 
     def _append(self, request: Request, tokens: list[int],
-                logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+                logprobs: list[TokenLogprob] | None = None, step: StepRecord | None = None) -> RequestOutput:
         """Adds emitted tokens (and their log-probabilities) one at a time, stopping at the
         first stop condition."""
         params = request.params
@@ -596,7 +604,7 @@ class LLMEngine:
             len(request.text) - _stop_prefix_len(request.text, params.stop)
         new_text = request.text[request.streamed_chars : visible]
         request.streamed_chars = max(request.streamed_chars, visible)
-        return self._output(request, new_ids, new_text)
+        return self._output(request, new_ids, new_text, step)
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         self.scheduler.finish(request, reason, error)
@@ -621,7 +629,8 @@ class LLMEngine:
         self._requests.pop(request.request_id, None)
         self._decoders.pop(request.request_id, None)
 
-    def _output(self, request: Request, new_ids: list[int], new_text: str = "") -> RequestOutput:
+    def _output(self, request: Request, new_ids: list[int], new_text: str = "",
+                step: StepRecord | None = None) -> RequestOutput:
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
@@ -638,6 +647,7 @@ class LLMEngine:
             logprobs=None if request.logprobs is None else list(request.logprobs),
             new_logprobs=None if request.logprobs is None else request.logprobs[len(request.logprobs) - len(new_ids):],
             num_cached_tokens=request.num_cached_tokens,
+            new_step=step,
         )
 
 

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP server: build_app(llm, model_name) -> FastAPI.
 
 POST /v1/completions, POST /v1/chat/completions (stream: true gives server-sent events
-`data: {...}` ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics.
+`data: {...}` ending in `data: [DONE]`; stream_options.include_speculation adds each token's
+origin, serve/speculation.py), GET /v1/models, GET /health, GET /metrics, and the chat page at
+GET / unless web_ui is off (serve/page.py).
 
 A request's n samples (and, for completions, its prompts) are queued together, at most
 ServeLimits.max_choices of them, and share engine steps with every other request in flight; the
@@ -32,14 +34,16 @@ from .async_engine import AsyncEngine, EngineStepError, Submission
 from .errors import APIError, echo, install_error_handlers
 from .limits import BodyLimit
 from .metrics import ServeMetrics
+from .page import install_web_ui
 from .protocol import (DEFAULT_COMPLETION_TOKENS, ChatRequest, CompletionRequest, invalid, sampling_params,
                        structured_field)
 from .responses import Formatter, usage
+from .speculation import SpeculationTrace, describe_drafter
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
-def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) -> FastAPI:
+def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), web_ui: bool = True) -> FastAPI:
     metrics = ServeMetrics(llm.engine)
     engine = AsyncEngine(llm.engine, metrics)
 
@@ -56,6 +60,8 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) ->
     app.state.metrics = metrics
     app.add_middleware(BodyLimit, limits=limits)
     install_error_handlers(app)
+    if web_ui:
+        install_web_ui(app, model_name, describe_drafter(llm.engine.config.speculative))
 
     def submissions(body: CompletionRequest | ChatRequest, prompts: list[str | list[int]], chat: bool,
                     request_id: str) -> list[Submission]:
@@ -93,7 +99,8 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits()) ->
         except StopAsyncIteration:
             raise APIError("the request produced no output", status=500) from None
         if body.stream:
-            return StreamingResponse(_events(fmt, first, outputs, body.include_usage, body, body.n),
+            trace = SpeculationTrace(llm.tokenizer) if body.include_speculation else None
+            return StreamingResponse(_events(fmt, first, outputs, body.include_usage, body, body.n, trace),
                                      media_type="text/event-stream")
         task = asyncio.ensure_future(_collect(first, outputs))
         try:
@@ -187,9 +194,11 @@ async def _collect(first: tuple[int, RequestOutput],
 
 async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
                   outputs: AsyncIterator[tuple[int, RequestOutput]], include_usage: bool,
-                  body: CompletionRequest | ChatRequest, n: int) -> AsyncIterator[str]:
+                  body: CompletionRequest | ChatRequest, n: int,
+                  trace: SpeculationTrace | None = None) -> AsyncIterator[str]:
     """Server-sent events of a stream; a failure mid-stream is sent as an error event. Cancelled
-    (the client left) or not, closing `outputs` aborts what is unfinished."""
+    (the client left) or not, closing `outputs` aborts what is unfinished. With `trace`, chunks
+    carry the speculation extension, and a step whose text is held back still sends one."""
     finals: dict[int, RequestOutput] = {}
     try:
         async for index, out in _from(first, outputs):
@@ -198,8 +207,12 @@ async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
             if out.finish_reason == "error":
                 yield _event(_failed(out, body).body())
                 return
-            if out.new_text or out.new_logprobs or out.finished:
-                yield _event(fmt.chunk(index, out))
+            extension = trace.of(index, out) if trace is not None else None
+            if out.new_text or out.new_logprobs or out.finished or extension is not None:
+                chunk = fmt.chunk(index, out)
+                if extension is not None:
+                    chunk["choices"][0]["speculation"] = extension
+                yield _event(chunk)
         if include_usage:
             yield _event(fmt.usage_chunk(_usage([finals[i] for i in sorted(finals)], n)))
         yield "data: [DONE]\n\n"

@@ -42,9 +42,11 @@ class ReplicaHeader:
 
 @serve.ingress()
 class OpenAIReplica:
-    """One replica: an LLM built from `llm_kwargs` (LLM's arguments) with `threads` torch threads."""
+    """One replica: an LLM built from `llm_kwargs` (LLM's arguments) with `threads` torch threads;
+    web_ui: whether it serves the chat page at GET / (app.py)."""
 
-    def __init__(self, llm_kwargs: dict[str, Any], model_name: str, limits: ServeLimits, threads: int) -> None:
+    def __init__(self, llm_kwargs: dict[str, Any], model_name: str, limits: ServeLimits, threads: int,
+                 web_ui: bool = True) -> None:
         import torch
 
         from ..engine.llm import LLM
@@ -53,9 +55,10 @@ class OpenAIReplica:
         self.llm = LLM(**llm_kwargs, progress=False)
         self.model_name = model_name
         self.limits = limits
+        self.web_ui = web_ui
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
-        app = build_app(self.llm, self.model_name, self.limits)
+        app = build_app(self.llm, self.model_name, self.limits, self.web_ui)
         app.add_middleware(ReplicaHeader, replica=serve.get_replica_context().replica_tag)
         return app
 
@@ -68,7 +71,7 @@ def check_replicas(replicas: int, threads: int) -> None:
 
 
 def deploy(llm_kwargs: dict[str, Any], model_name: str, limits: ServeLimits, replicas: int, threads: int,
-           host: str, port: int) -> str:
+           host: str, port: int, web_ui: bool = True) -> str:
     """Starts Ray Serve's proxy on host:port (in the Ray session already open) with `replicas`
     replicas of the app; returns the base URL once every replica is ready."""
     check_replicas(replicas, threads)
@@ -77,5 +80,5 @@ def deploy(llm_kwargs: dict[str, Any], model_name: str, limits: ServeLimits, rep
         name="verispec", num_replicas=replicas, ray_actor_options={"num_cpus": threads},
         max_ongoing_requests=1024,  # the engine's own queue and turns decide, not the proxy
     )
-    serve.run(deployment.bind(llm_kwargs, model_name, limits, threads), name="verispec", route_prefix="/")
+    serve.run(deployment.bind(llm_kwargs, model_name, limits, threads, web_ui), name="verispec", route_prefix="/")
     return f"http://{host}:{port}"

@@ -35,6 +35,7 @@ class StreamOptions(BaseModel):
     model_config = _STRICT
 
     include_usage: bool = False
+    include_speculation: bool = False  # an extension: serve/speculation.py
 
 
 class JSONSchemaFormat(BaseModel):
@@ -87,6 +88,10 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def include_speculation(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_speculation
 
 
 class CompletionRequest(SamplingRequest):

@@ -80,7 +80,6 @@ class StepCosts:
         if not (row_cost > 0 and prior_weight > 0 and 0 < decay <= 1):
             raise ValueError(f"row_cost={row_cost!r}, prior_weight={prior_weight!r}, decay={decay!r} "
                              "are invalid for StepCosts: expected row_cost > 0, prior_weight > 0, 0 < decay <= 1")
-        self.declared = draft_cost
         declares = draft_cost(1, 1) > 0 or draft_cost(2, 1) > 0
         self._shape = draft_cost if declares else lambda depth, n: float(depth)
         start = 1.0 if declares else 0.0
@@ -90,9 +89,8 @@ class StepCosts:
         self._calls = _Decayed2(decay)  # features (call shape, position shape), seconds
         self._pass_rows: set[int] = set()
         self._a = self._b = None
-        self.observed_passes = self.observed_calls = 0
+        self.observed_passes = 0
 
-    # The fits ---------------------------------------------------------------------------
     def observe_pass(self, padded_rows: int, seconds: float) -> None:
         """A pass over `padded_rows` rows took `seconds`."""
         if padded_rows <= 0 or not seconds > 0:
@@ -118,7 +116,6 @@ class StepCosts:
         if predicted > 0:
             seconds = min(seconds, 1.5 * predicted)
         self._calls.add(f0, f1, seconds)
-        self.observed_calls += 1
 
     def _features(self, depth: int, num_requests: int) -> tuple[float, float]:
         first = self._shape(1, num_requests)
