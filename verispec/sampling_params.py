@@ -98,7 +98,9 @@ class SamplingParams:
         pipeline's stage after allowed / banned tokens (structured/matcher.py), and the request
         stops once the grammar is complete. Each is checked here by the grammar engine
         (llguidance), whose message a ValueError carries; the engine applies its size, depth and
-        compile-time limits (StructuredOutputConfig) when the request is added.
+        compile-time limits (StructuredOutputConfig) when the request is added, and there, with
+        the tokenizer, refuses (ValueError from LLM.generate / chat) a grammar with an empty
+        language or whose first token masks exhaust llguidance's budgets.
     Token ids in logit_bias / allowed / banned must be below the vocabulary size, which the
     engine checks with check_vocab when the request is added.
     """

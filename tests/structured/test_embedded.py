@@ -3,7 +3,7 @@ seeded sampled, speculating with n-gram and EAGLE drafts and not) with a few JSO
 finish, parse and validate (jsonschema); greedy output with each drafter equals greedy output
 without speculation; and the server (OpenAI's client) answers response_format json_schema,
 streamed and not, with what LLM.chat answers, and a bad schema with a 400 naming
-response_format."""
+response_format; a tool call (LLM.chat with tools) is the same with every drafter."""
 
 from __future__ import annotations
 
@@ -95,3 +95,24 @@ def test_server_response_format(llms) -> None:
     jsonschema.validate(json.loads(streamed), schema)
     assert choice.choices[0].message.content in ("yes", "no")
     assert bad.value.body["param"] == "response_format" and "objectx" in bad.value.body["message"]
+
+
+def test_tool_calls_are_the_same_with_every_drafter(llms) -> None:
+    """A named call, greedy, on the embedded model with the default tool preamble: the same
+    tokens with no drafts, n-gram and EAGLE drafts; the arguments validate."""
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "unit"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": weather}},
+             {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+                 "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                 "required": ["a", "b"], "additionalProperties": False}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    outs = {draft: llm.chat(messages, SamplingParams(temperature=0, max_tokens=40), use_tqdm=False, tools=tools,
+                            tool_choice=choice)[0] for draft, llm in llms.items()}
+    assert outs["ngram"].token_ids == outs["none"].token_ids == outs["eagle"].token_ids
+    (call,) = outs["none"].tool_calls
+    assert outs["none"].finish_reason == "tool_calls" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), weather)

@@ -49,7 +49,7 @@ from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
 from ..spec_decode.cost_cache import CostCache
 from ..spec_decode.cost_learner import CostLearner, learning_enabled
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
-from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
+from ..structured import GrammarCompiler, GrammarError, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
 from ..spec_decode.metrics import SpecDecodeStats
 from ..spec_decode.trace import StepRecord, ends_in_bonus
@@ -78,6 +78,9 @@ class RequestOutput:
     finish_reason: str | None
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     error: str | None = None  # why, when finish_reason is "error"
+    # With an error: "invalid_request" when the request's own grammar could not go on (a client
+    # error: retrying it fails again), "server" otherwise.
+    error_kind: str | None = None
     # With SamplingParams.logprobs: one record per token of token_ids / new_token_ids.
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
@@ -86,6 +89,8 @@ class RequestOutput:
     # The verify step that emitted new_token_ids (None when the output emitted nothing):
     # StepRecord.origins(len(new_token_ids)) says which were accepted drafts.
     new_step: StepRecord | None = None
+    # LLM.chat with tools that may be called: the calls read from `text` (verispec.tools.ToolCall).
+    tool_calls: list | None = None
 
 
 @dataclass(frozen=True)
@@ -440,6 +445,7 @@ class LLMEngine:
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
         logger.warning("request %s failed", request.request_id, exc_info=error)
         self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+        request.error_kind = "invalid_request" if isinstance(error, GrammarError) else "server"
         return self._output(request, [])
 
     def _next_k(self, request: Request) -> int:
@@ -646,6 +652,7 @@ class LLMEngine:
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stats=request.stats,
             error=request.error,
+            error_kind=request.error_kind,
             logprobs=None if request.logprobs is None else list(request.logprobs),
             new_logprobs=None if request.logprobs is None else request.logprobs[len(request.logprobs) - len(new_ids):],
             num_cached_tokens=request.num_cached_tokens,

@@ -16,7 +16,7 @@ import math
 import os
 import re
 from collections import deque
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -25,7 +25,7 @@ from ..config import LEARNED_METHODS, CacheConfig, EngineConfig, SpeculativeConf
 from ..model import LlamaModel, load_model
 from ..model.loader import QUANTIZATIONS
 from ..model.quant.linear import quantize_linears_
-from ..sampling_params import SamplingParams
+from ..sampling_params import STRUCTURED_FIELDS, SamplingParams
 from ..spec_decode.base import Drafter
 from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
 from ..spec_decode.eagle import EAGLE_COST, EAGLE_COST_QUANTIZED, EagleDrafter
@@ -33,13 +33,14 @@ from ..spec_decode.heads import KINDS, head_config, load_head, shipped_head
 from ..spec_decode.hybrid import HybridDrafter
 from ..spec_decode.medusa import MEDUSA_COST, MEDUSA_COST_QUANTIZED, MedusaDrafter
 from ..spec_decode.ngram import NGRAM_COST, NGRAM_COST_QUANTIZED, NgramDrafter
+from ..tools import ToolUse, render_tool_chat, split_calls, tool_grammar, tool_use
 from .engine import LLMEngine, PreparedRequest, RequestOutput
 
 HYBRID = "ngram+"  # a `draft` prefix: prompt lookup first, the named head otherwise (spec_decode/hybrid.py)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 Prompt = str | list[int]
-Message = dict[str, str]
+Message = dict[str, Any]  # role, content; tool traffic adds tool_calls / tool_call_id
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -260,13 +261,35 @@ class LLM:
         messages: Sequence[Message] | Sequence[Sequence[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[RequestOutput]:
         """One conversation ([{"role": ..., "content": ...}, ...]) or a list of them, rendered
         with the model's chat template and a generation prompt. The template writes any BOS
-        itself, so the rendered text is encoded without adding special tokens."""
+        itself, so the rendered text is encoded without adding special tokens.
+
+        tools, tool_choice, parallel_tool_calls: OpenAI's function tools, as the server takes
+        them (verispec.tools): the calls follow a grammar over the tools' parameter schemas, each
+        output's `tool_calls` holds those it made (`text` is the raw output, calls included) and
+        its finish_reason is "tool_calls" when it made any. Messages may carry an assistant's
+        `tool_calls` and `role: "tool"` results with `tool_call_id`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in conversations]
-        return self._generate(prompts, sampling_params, use_tqdm, add_special_tokens=False)
+        use = tool_use(tools, tool_choice, parallel_tool_calls)
+        prompts = [render_tool_chat(self.tokenizer, list(c), use) for c in conversations]
+        if use is None or not use.active:
+            return self._generate(prompts, sampling_params, use_tqdm, add_special_tokens=False)
+        use.check_limits(self.engine.config.structured)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        outputs = self._generate(prompts, [_with_tools(p, use, tool_choice) for p in sampling_params], use_tqdm,
+                                 add_special_tokens=False)
+        for out in outputs:
+            if out.finish_reason != "error":
+                out.tool_calls = split_calls(out.text)[1]
+                if out.tool_calls and out.finish_reason == "stop":
+                    out.finish_reason = "tool_calls"
+        return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yields after every step that added tokens; `new_text` holds the increment."""
@@ -343,3 +366,12 @@ class LLM:
         """Stops reading a request: cancels it if unfinished and drops its outbox."""
         self._outboxes.pop(rid, None)
         self.engine.abort(rid)
+
+
+def _with_tools(params: SamplingParams, use: ToolUse, tool_choice: object) -> SamplingParams:
+    """`params` constrained by the tools' grammar; ValueError when it has a grammar of its own."""
+    given = [name for name in STRUCTURED_FIELDS if getattr(params, name) not in (None, False)]
+    if given:
+        raise ValueError(f"tool_choice={tool_choice or 'auto'!r} and {given[0]} are both set: the calls follow "
+                         "their own grammar (use tool_choice=\"none\" for structured text)")
+    return dataclasses.replace(params, grammar=tool_grammar(use))

@@ -68,6 +68,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # "invalid_request" when the request itself could not be served (its grammar cannot go on),
+    # "server" for any other failure; None unless finish_reason is "error".
+    error_kind: str | None = None
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     seqs: list[Sequence] = field(init=False)

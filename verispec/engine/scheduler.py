@@ -105,6 +105,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
+        request.error_kind = None if error is None else "server"  # the engine names client errors
 
     def schedule(self) -> SchedulerOutput:
         """The next step's plan. A request whose planning raises is finished with

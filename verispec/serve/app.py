@@ -26,13 +26,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..config import ServeLimits
 from ..engine.engine import RequestOutput
 from ..engine.llm import LLM
+from ..sampling_params import STRUCTURED_FIELDS
 from ..spec_decode.metrics import SpecDecodeStats
+from ..tools import ToolUse, render_tool_chat
+from ..tools.prompt import check_messages
 from .async_engine import AsyncEngine, EngineStepError, Submission
 from .errors import APIError, echo, install_error_handlers
 from .limits import BodyLimit
 from .metrics import ServeMetrics
 from .page import install_web_ui
-from .protocol import DEFAULT_COMPLETION_TOKENS, ChatRequest, CompletionRequest, invalid, sampling_params
+from .protocol import (DEFAULT_COMPLETION_TOKENS, ChatRequest, CompletionRequest, invalid, sampling_params,
+                       structured_field)
 from .responses import Formatter, usage
 from .speculation import SpeculationTrace, describe_drafter
 
@@ -79,20 +83,24 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
                 for p, prompt in enumerate(prompts) for i in range(body.n)]
 
     async def respond(http: Request, body: CompletionRequest | ChatRequest,
-                      prompts: list[str | list[int]], chat: bool) -> Response:
-        fmt = Formatter(chat, model_name, llm.tokenizer)
-        outputs = engine.generate(submissions(body, prompts, chat, fmt.id))
+                      prompts: list[str | list[int]], chat: bool, tools: ToolUse | None = None) -> Response:
+        fmt = Formatter(chat, model_name, llm.tokenizer, tools)
+        # Off the event loop: checking a structured-output field builds and validates its grammar,
+        # which a hostile request can make take seconds (every other stream would wait on it).
+        outputs = engine.generate(await asyncio.to_thread(submissions, body, prompts, chat, fmt.id))
         try:
             first = await outputs.__anext__()
         except (ValueError, TypeError) as error:
-            raise invalid(error) from None
+            # A grammar refused when compiled names its SamplingParams field: name the request's.
+            field = structured_field(body)
+            raise invalid(error, rename=dict.fromkeys(STRUCTURED_FIELDS, field) if field else None) from None
         except EngineStepError as error:
             raise APIError(str(error), status=500) from None
         except StopAsyncIteration:
             raise APIError("the request produced no output", status=500) from None
         if body.stream:
             trace = SpeculationTrace(llm.tokenizer) if body.include_speculation else None
-            return StreamingResponse(_events(fmt, first, outputs, body.include_usage, body.n, trace),
+            return StreamingResponse(_events(fmt, first, outputs, body.include_usage, body, body.n, trace),
                                      media_type="text/event-stream")
         task = asyncio.ensure_future(_collect(first, outputs))
         try:
@@ -109,7 +117,7 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
         finals = task.result()
         for out in finals:
             if out.finish_reason == "error":
-                raise APIError(f"generation failed: {out.error}", status=500)
+                raise _failed(out, body)
         return JSONResponse(fmt.whole(list(enumerate(finals)), _usage(finals, body.n))
                             | {"spec_decode_stats": _spec_stats(finals)})
 
@@ -121,13 +129,23 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
     async def chat_completions(body: ChatRequest, http: Request) -> Response:
         if not body.messages:
             raise APIError("messages is empty: expected at least one message", "messages")
+        use = body.tool_use()
+        if use is not None and use.active:
+            try:
+                use.check_limits(llm.engine.config.structured)
+            except ValueError as error:
+                raise invalid(error) from None
+        messages = [m.as_dict() for m in body.messages]
+        try:
+            check_messages(messages)
+        except ValueError as error:
+            raise invalid(error) from None
         try:
             # Off the event loop: rendering is bounded (chat_template.py) but not free.
-            prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template,
-                                             [m.as_dict() for m in body.messages], add_generation_prompt=True)
+            prompt = await asyncio.to_thread(render_tool_chat, llm.tokenizer, messages, use)
         except Exception as error:  # a template's own error (raise_exception, bad roles)
             raise APIError(f"messages could not be rendered by the chat template: {error}", "messages") from None
-        return await respond(http, body, [prompt], chat=True)
+        return await respond(http, body, [prompt], chat=True, tools=use)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -176,7 +194,8 @@ async def _collect(first: tuple[int, RequestOutput],
 
 async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
                   outputs: AsyncIterator[tuple[int, RequestOutput]], include_usage: bool,
-                  n: int, trace: SpeculationTrace | None = None) -> AsyncIterator[str]:
+                  body: CompletionRequest | ChatRequest, n: int,
+                  trace: SpeculationTrace | None = None) -> AsyncIterator[str]:
     """Server-sent events of a stream; a failure mid-stream is sent as an error event. Cancelled
     (the client left) or not, closing `outputs` aborts what is unfinished. With `trace`, chunks
     carry the speculation extension, and a step whose text is held back still sends one."""
@@ -186,7 +205,7 @@ async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
             if out.finished:
                 finals[index] = out
             if out.finish_reason == "error":
-                yield _event(APIError(f"generation failed: {out.error}", status=500).body())
+                yield _event(_failed(out, body).body())
                 return
             extension = trace.of(index, out) if trace is not None else None
             if out.new_text or out.new_logprobs or out.finished or extension is not None:
@@ -201,6 +220,16 @@ async def _events(fmt: Formatter, first: tuple[int, RequestOutput],
         yield _event(APIError(str(error), status=500).body())
     finally:
         await outputs.aclose()
+
+
+def _failed(out: RequestOutput, body: CompletionRequest | ChatRequest) -> APIError:
+    """The error of a request that failed during generation: a 400 naming the structured-output
+    field when its grammar could not go on (a budget of the grammar engine ran out, or no token
+    continues it: retrying fails again), else a 500."""
+    if out.error_kind == "invalid_request":
+        return APIError(f"generation failed: {out.error}", structured_field(body), status=400,
+                        code="structured_output_failed")
+    return APIError(f"generation failed: {out.error}", status=500)
 
 
 def _event(body: dict) -> str:

@@ -5,20 +5,22 @@ Fields follow OpenAI's API; top_k, min_p, repetition_penalty, guidance_scale, ne
 num_speculative_tokens and ignore_eos are extensions (the `extra_body` of OpenAI's client), and
 so are vLLM's structured-output fields guided_json, guided_regex, guided_grammar and
 guided_choice, beside OpenAI's response_format (json_object, or json_schema: enforced whether or
-not `strict` is set).
+not `strict` is set). Chat requests take OpenAI's tools, tool_choice and parallel_tool_calls
+(verispec.tools), and messages with an assistant's tool_calls or a tool's result (tool_call_id).
 Unknown fields are ignored, as OpenAI's own server ignores fields it does not use. Types are
 strict, as OpenAI's: a string is not a number or a boolean (`"n": "2"` is a 400 naming n).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..sampling_params import STRUCTURED_FIELDS, SamplingParams
+from ..structured.choice import choice_grammar
+from ..tools import ToolUse, tool_grammar, tool_use
 from .errors import APIError, echo
 
 # OpenAI's default for /v1/completions; chat completions default to the rest of the context.
@@ -118,12 +120,19 @@ class ChatMessage(BaseModel):
 
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict] | None = None  # an assistant's calls (checked by verispec.tools.prompt)
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, object]:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+        out: dict[str, object] = {"role": self.role, "content": content or ""}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 class ChatRequest(SamplingRequest):
@@ -131,6 +140,26 @@ class ChatRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_use(self) -> ToolUse | None:
+        """The request's tools and tool_choice; a 400 naming the field when they are bad."""
+        try:
+            use = tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except ValueError as error:
+            raise invalid(error) from None
+        if use is not None and use.active:
+            given = [name for name in ("response_format", "guided_json", "guided_regex", "guided_grammar",
+                                       "guided_choice") if getattr(self, name) is not None]
+            if self.response_format is not None and self.response_format.type == "text":
+                given.remove("response_format")
+            if given:
+                raise APIError(f"tool_choice={echo(self.tool_choice or 'auto')} and {given[0]} are both set: the "
+                               "calls follow their own grammar (use tool_choice=\"none\" for structured text)",
+                               "tool_choice")
+        return use
 
 
 def sampling_params(request: CompletionRequest | ChatRequest, index: int,
@@ -163,6 +192,9 @@ def sampling_params(request: CompletionRequest | ChatRequest, index: int,
     )
     structured, structured_name = _structured(request)
     given.update(structured)
+    use = request.tool_use() if isinstance(request, ChatRequest) else None
+    if use is not None and use.active:
+        given["grammar"], structured_name = tool_grammar(use), "tools"
     try:
         return SamplingParams(
             **{k: v for k, v in given.items() if v is not None},
@@ -199,22 +231,35 @@ def _structured(request: CompletionRequest | ChatRequest) -> tuple[dict[str, obj
                            "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}", name)
         return {"json_schema": value.json_schema.schema_}, name
     if name == "guided_choice":
-        if not value or not all(value):
-            raise APIError("guided_choice is invalid: expected a non-empty list of non-empty strings", name)
-        return {"grammar": "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)}, name
+        try:
+            return {"grammar": choice_grammar(value)}, name
+        except ValueError as error:
+            raise APIError(str(error), name) from None
     return {{"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar"}[name]: value}, name
+
+
+def structured_field(request: CompletionRequest | ChatRequest) -> str | None:
+    """The request field its grammar came from (None without one)."""
+    if isinstance(request, ChatRequest) and request.tools and request.tool_choice != "none":
+        return "tools"
+    for name in ("guided_json", "guided_regex", "guided_grammar", "guided_choice"):
+        if getattr(request, name) is not None:
+            return name
+    fmt = request.response_format
+    return "response_format" if fmt is not None and fmt.type != "text" else None
 
 
 def _logprobs_name(request: CompletionRequest | ChatRequest) -> str:
     return "top_logprobs" if isinstance(request, ChatRequest) else "logprobs"
 
 
-_NAMED = re.compile(r"^(\w+)")
+_NAMED = re.compile(r"^((?:tools|messages)(?:\[\d+\](?:\.\w+)*)+|\w+)")
 
 
 def invalid(error: Exception, rename: dict[str, str] | None = None) -> APIError:
     """A 400 for a ValueError / TypeError of verispec, whose messages begin with the argument's
-    name (`temperature=-1 is invalid: ...`, `prompt has 300 tokens: ...`)."""
+    name (`temperature=-1 is invalid: ...`, `prompt has 300 tokens: ...`, or a path into it:
+    `tools[1].function.name=...`)."""
     message = str(error)
     match = _NAMED.match(message)
     param = match.group(1) if match else None

@@ -8,6 +8,12 @@ import uuid
 from ..engine.engine import RequestOutput
 from ..model import Tokenizer
 from ..sample.logprobs import TokenLogprob
+from ..tools import StreamedCalls, ToolUse, split_calls
+
+
+def _finish(reason: str | None, called: bool) -> str | None:
+    """OpenAI's finish_reason for a choice that made calls and stopped by itself."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def new_id(prefix: str) -> str:
@@ -25,10 +31,16 @@ class Formatter:
     Completion choices carry `text` and legacy logprobs (tokens, token_logprobs, top_logprobs,
     text_offset); chat choices carry a `message` (whole) or a `delta` (chunk) and logprobs as
     {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}.
+
+    With tools that may be called (`tools`), a chat choice's text is split into content and
+    `tool_calls` (verispec.tools.parser), streamed as `delta.tool_calls` entries, and a choice
+    that made calls and stopped finishes with "tool_calls".
     """
 
-    def __init__(self, chat: bool, model: str, tokenizer: Tokenizer) -> None:
+    def __init__(self, chat: bool, model: str, tokenizer: Tokenizer, tools: ToolUse | None = None) -> None:
         self.chat = chat
+        self.tools = tools if tools is not None and tools.active else None
+        self._calls: dict[int, StreamedCalls] = {}  # tool streams, per choice
         self.model = model
         self.tokenizer = tokenizer
         self.id = new_id("chatcmpl" if chat else "cmpl")
@@ -37,12 +49,34 @@ class Formatter:
         self._started: set[int] = set()  # chat streams: choices whose role was sent
 
     def whole(self, choices: list[tuple[int, RequestOutput]], usage_: dict[str, int]) -> dict:
-        body = [self._choice(i, out.text, out.logprobs, out.finish_reason, whole=True) for i, out in choices]
+        body = []
+        for i, out in choices:
+            if self.tools is None:
+                body.append(self._choice(i, out.text, out.logprobs, out.finish_reason, whole=True))
+                continue
+            content, calls = split_calls(out.text)
+            choice = self._choice(i, content, out.logprobs, _finish(out.finish_reason, bool(calls)), whole=True)
+            if calls:
+                choice["message"]["content"] = content or None
+                choice["message"]["tool_calls"] = [c.as_openai() for c in calls]
+            body.append(choice)
         return self._envelope("chat.completion" if self.chat else "text_completion", body) | {"usage": usage_}
 
     def chunk(self, index: int, out: RequestOutput) -> dict:
-        choice = self._choice(index, out.new_text, out.new_logprobs, out.finish_reason if out.finished else None,
-                              whole=False)
+        reason = out.finish_reason if out.finished else None
+        if self.tools is None:
+            choice = self._choice(index, out.new_text, out.new_logprobs, reason, whole=False)
+        else:
+            calls = self._calls.setdefault(index, StreamedCalls())
+            content, entries = calls.feed(out.new_text)
+            if out.finished:
+                content += calls.finish()
+            choice = self._choice(index, content, out.new_logprobs, reason and _finish(reason, calls.calls > 0),
+                                  whole=False)
+            if entries:
+                choice["delta"]["tool_calls"] = entries
+                if not content:
+                    del choice["delta"]["content"]
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def usage_chunk(self, usage_: dict[str, int]) -> dict:

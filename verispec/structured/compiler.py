@@ -3,8 +3,14 @@
 A compiled grammar is a pristine llguidance matcher (its lexer and parser built over the
 tokenizer's token trie); each request gets a deep copy, so a schema many requests use compiles
 once. Compilation runs on the caller's thread (LLMEngine.prepare_request, which the server runs
-off the engine thread) with llguidance's limits, and a wall-clock limit on top: a grammar still
-compiling then is refused (its worker thread ends within llguidance's fuel limits).
+off the engine thread and off its event loop) with llguidance's limits, and a wall-clock limit on
+top: a grammar still compiling then is refused (its worker thread ends within llguidance's fuel
+limits).
+
+Compiling includes the first mask, so that a grammar no output can satisfy (an empty language:
+a regex of no character, a schema whose $refs only loop) or one whose first mask already exhausts
+llguidance's budgets is refused here, as a ValueError naming the field, rather than failing
+during generation.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
 
 from ..config import StructuredOutputConfig
 from .matcher import GrammarMatcher
@@ -57,15 +65,14 @@ class GrammarCompiler:
         import llguidance
 
         tokenizer = self.lltokenizer()
-        future = self._pool.submit(llguidance.LLMatcher, tokenizer, spec.grammar, log_level=0,
-                                   limits=llguidance.LLParserLimits(verbose_errors=False))
+        future = self._pool.submit(_compile_and_start, tokenizer, spec.grammar, self.vocab_size)
         try:
-            compiled = future.result(timeout=self.config.compile_timeout_s)
+            compiled, error = future.result(timeout=self.config.compile_timeout_s)
         except FutureTimeout:
             raise ValueError(f"{spec.kind} took more than {self.config.compile_timeout_s} s to compile "
                              "(the compile time limit, compile_timeout_s)") from None
-        if compiled.is_error():
-            raise ValueError(f"{spec.kind} is invalid: {one_line(compiled.get_error())}")
+        if error is not None:
+            raise ValueError(f"{spec.kind} {error}")
         return compiled
 
     def lltokenizer(self):  # -> llguidance.LLTokenizer
@@ -74,6 +81,37 @@ class GrammarCompiler:
             if self._lltokenizer is None:
                 self._lltokenizer = _lltokenizer(self._tokenizer, self.vocab_size, self._eos)
             return self._lltokenizer
+
+
+def _compile_and_start(tokenizer, grammar: str, vocab_size: int):  # -> (llguidance.LLMatcher, str | None)
+    """The compiled matcher and, when it is refused, why (after the field's name)."""
+    import llguidance
+
+    compiled = llguidance.LLMatcher(tokenizer, grammar, log_level=0,
+                                    limits=llguidance.LLParserLimits(verbose_errors=False))
+    if compiled.is_error():
+        return compiled, f"is invalid: {one_line(compiled.get_error())}"
+    words = (vocab_size + 31) // 32
+    bits = np.zeros(words, dtype=np.int32)
+    # Twice, on two copies: the copies of a compiled grammar share its lexer's derivative cache
+    # and expression budget, so a grammar whose first mask (nearly) spends that budget, such as
+    # (a{1000}){1000}, passes once and then fails on every request's first mask.
+    for _ in range(2):
+        probe = compiled.deep_copy()
+        probe.unsafe_compute_mask_ptr(bits.ctypes.data, words * 4)
+        if probe.is_error() and not _dead_end(probe.get_error()):
+            return compiled, (f"exhausts the grammar engine's budget in its first token masks "
+                              f"({one_line(probe.get_error())}): llguidance's parser limits, e.g. its lexer's "
+                              "expressions (max_lexer_states) and fuel (step_lexer_fuel)")
+    if probe.is_error() or not bits.any():
+        return compiled, ("allows no output: no token can begin it (its language is empty, e.g. a regex "
+                          "that matches no character or a schema whose $refs only refer to each other)")
+    return compiled, None
+
+
+def _dead_end(error: str) -> bool:
+    """Whether llguidance's error says that no token continues (rather than a limit ran out)."""
+    return "NoExtensionBias" in error or "no token" in error.lower()
 
 
 def _lltokenizer(tokenizer, vocab_size: int, eos: list[int]):

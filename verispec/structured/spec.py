@@ -48,7 +48,7 @@ class GrammarSpec:
             if not isinstance(value, (dict, bool)):
                 raise ValueError(f"json_schema={value!r} is invalid: expected a JSON Schema "
                                  "(an object or a boolean, as a dict or as JSON text)")
-            depth = _depth(value)
+            depth = json_depth(value)
             try:
                 source = json.dumps(value, allow_nan=False)  # key order matters: properties come in it
             except (TypeError, ValueError, RecursionError) as error:
@@ -91,7 +91,7 @@ def one_line(message: str) -> str:
     return "; ".join(line.strip() for line in message.splitlines() if line.strip().strip("^"))
 
 
-def _depth(value: object) -> int:
+def json_depth(value: object) -> int:
     """Nesting depth of a JSON document, iteratively (a hostile schema cannot overflow the stack)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
