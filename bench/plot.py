@@ -68,8 +68,32 @@ def startup(data: dict, ax) -> str:
     return "Start-up as whole processes, the cached embedded model"
 
 
+def speculation(data: dict, ax) -> str:
+    """bench/drafters.py --classes: each drafter against no drafts, per prompt class, batch 1 greedy."""
+    rows = [r for r in data["rows"] if r["batch"] == 1 and r["mode"] == "greedy" and not r.get("scan")
+            and r["drafter"] != "none"]
+    classes = list(rows[0]["per_category_speedup"])
+    _bars(ax, classes, {r["drafter"]: [r["per_category_speedup"][c] for c in classes] for r in rows},
+          "tok/s relative to no drafts (1 = as fast; higher is faster)", ".2f")
+    ax.axvline(1.0, color="gray", linewidth=0.8)
+    return "Drafters on the 4-bit target, batch 1 greedy, adaptive K: speed-up over no drafts"
+
+
+def k_scan(data: dict, ax) -> str:
+    """bench/drafters.py --classes --k-scan: tok/s at each fixed K, per drafter."""
+    rows = [r for r in data["rows"] if r.get("scan")]
+    for drafter in dict.fromkeys(r["drafter"] for r in rows):
+        mine = sorted((r["k"], r["tok_s"]) for r in rows if r["drafter"] == drafter)
+        ax.plot([k for k, _ in mine], [t for _, t in mine], marker="o", label=drafter)
+    ax.set_xlabel("K, drafts per step (fixed; 0 = no drafts)")
+    ax.set_ylabel("output tokens / s, batch 1 greedy")
+    ax.legend(fontsize=8)
+    return "Tokens per second against K on the 4-bit target, every prompt class"
+
+
 FIGURES: dict[str, Callable[[dict, object], str]] = {
-    "cpu_engines": cpu_engines, "serving": serving, "startup": startup,
+    "cpu_engines": cpu_engines, "serving": serving, "startup": startup, "speculation": speculation,
+    "k_scan": k_scan,
 }
 
 

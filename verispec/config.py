@@ -152,7 +152,7 @@ class SpeculativeConfig:
         (every tree node).
     row_cost: for `adaptive`, the cost of one more row in a forward pass relative to the
         pass's fixed cost; None takes the target's own (LlamaModel.row_cost: 0.1 for float
-        weights, 0.3 for quantized ones, whose one-row pass is memory-bound and cheap).
+        weights, 0.6 for quantized ones, whose one-row pass is memory-bound and cheap).
     draft_cost: for `adaptive`, what drafting costs relative to the same fixed cost (a
         DraftCost); None takes the drafter's own declaration (Drafter.draft_cost).
     learn_costs: for `adaptive` with row_cost and draft_cost None, learn both from the step

@@ -89,7 +89,7 @@ def test_the_cost_model_follows_the_targets_weights(target) -> None:
     SpeculativeConfig says otherwise."""
     quantized = LLM(draft="ngram+eagle", progress=False)
     wide = LLM(draft="ngram+eagle", dtype="float32", progress=False)
-    for llm, row_cost, costs in ((quantized, 0.3, (NGRAM_COST_QUANTIZED, EAGLE_COST_QUANTIZED)),
+    for llm, row_cost, costs in ((quantized, 0.6, (NGRAM_COST_QUANTIZED, EAGLE_COST_QUANTIZED)),
                                  (wide, 0.1, (NGRAM_COST, EAGLE_COST))):
         engine = llm.engine
         assert engine.model.row_cost == row_cost and engine.adaptive.row_cost == row_cost

@@ -314,11 +314,13 @@ class LlamaModel(nn.Module):
     @property
     def row_cost(self) -> float:
         """What one more row costs a forward pass, relative to the pass's fixed cost (the
-        adaptive K's default, SpeculativeConfig.row_cost). Measured with bench/draft_cost.py on
-        the embedded model, 2 threads: 0.1 with float32 weights; 0.3 with its 4-bit blocks, whose
-        one-row pass reads the weights at the memory's pace and each extra row adds its integer
-        products and its attention."""
-        return 0.3 if self.quantized else 0.1
+        adaptive K's default, SpeculativeConfig.row_cost, and where its learned row cost starts,
+        spec_decode/step_costs.py). Measured with bench/draft_cost.py on the embedded model, 2
+        threads: 0.1 with float32 weights; 0.6 with its 4-bit blocks, whose one-row pass reads the
+        weights at the memory's pace and each extra row adds its integer products, its attention
+        and its logits (0.52-0.71 on an Intel Xeon with AVX-512 VNNI, 0.63-0.72 on an AVX2 AMD
+        EPYC; 0.3 on an AMD EPYC with AVX-512 VNNI)."""
+        return 0.6 if self.quantized else 0.1
 
     def padded_rows(self, rows: int) -> int:
         """The row count a forward pass over `rows` new tokens costs like: on CPU the products

@@ -8,7 +8,7 @@ CPU; several times more against its 4-bit step, which is that much cheaper).
 With B running requests, giving each k more rows costs (1 + c·k + d(k)) times the step, where
 c = B·r / (1 + B·r), r = b / a is `row_cost` (the target's own, LlamaModel.row_cost: 0.1 for
 float32 weights on CPU, where a speculated token is nearly free alone and nearly a full step at
-batch 16; 0.3 for 4-bit blocks, whose one-row step only reads the weights), and
+batch 16; 0.6 for 4-bit blocks, whose one-row step only reads the weights), and
 d(k) = D(k, B) / (1 + B·r). Each draft is accepted with probability alpha; tokens per unit of
 time are E(alpha, k) / (1 + c·k + d(k)), with E the expected emitted tokens per step
 (metrics.expected_emitted_tokens); K is its argmax over 0..max_k. A drafter that costs more
