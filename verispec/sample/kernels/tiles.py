@@ -26,6 +26,9 @@ _NUM_PIVOTS = 2 if INTERPRETED else 8
 # A split row's search reads its partials back in every program, so more pivots per pass cost
 # little beside the fewer passes (launches) they buy: 64 pivots settle 6 bits a pass.
 _SPLIT_PIVOTS = 64
+# A row's search is dependent passes over the row on one program: even with enough rows to fill
+# the device, a program should own no more columns than this (128,256 split 8 ways).
+_SPLIT_COLUMNS = 16384
 _PROGRAMS_PER_SM = 2
 
 
@@ -66,12 +69,13 @@ def row_tiles(num_rows: int, vocab: int) -> RowTiles:
 
 def split_tiles(num_rows: int, vocab: int, device: torch.device) -> SplitTiles | None:
     """How to split rows whose top-k / top-p thresholds are searched, or None to keep one program
-    per row (enough rows to fill the device, a small vocabulary, or the interpreter)."""
+    per row (a small vocabulary, or the interpreter)."""
     if INTERPRETED or device.type != "cuda":
         return None
     wanted = _PROGRAMS_PER_SM * _num_sms(device.index)
     block_v = min(triton.next_power_of_2(vocab), _TILE)
-    splits = min(triton.cdiv(vocab, block_v), wanted // max(num_rows, 1))
+    splits = min(triton.cdiv(vocab, block_v),
+                 max(triton.cdiv(vocab, _SPLIT_COLUMNS), wanted // max(num_rows, 1)))
     if splits < 2:
         return None
     return split_shape(vocab, splits, block_v, _SPLIT_PIVOTS)
