@@ -4,7 +4,9 @@
 # random-weight Llama 3.2 1B-shaped checkpoint (bf16, the embedded model's 49,152 tokens):
 # batch 1 greedy 128 tokens, verispec with and without an n-gram drafter (which finds nothing on
 # random text) against HF generate eager and HF static cache + torch.compile(reduce-overhead);
-# the batch 64 GPU-busy share of a step (bench/step_profile.py). Results land in $OUT.
+# the batch 64 GPU-busy share of a step (bench/step_profile.py). Results land in $OUT: run.log
+# (every step's output and exit), gpu.txt and the JSON of verify, batch1 and step_profile
+# (the device tool returns at most 8 files).
 #
 #   bash bench/gpu/prepare.sh              # here first: carried files, then the CPU dry run
 #   bash bench/gpu/run.sh                  # on the device, carry [".whl", ".gpu"], timeout 560
@@ -25,8 +27,8 @@ step() {  # step NAME SECONDS COMMAND...: a cut-off or failed step does not stop
     local name=$1 limit=$2; shift 2
     echo "== $name (limit ${limit}s)"
     local start=$SECONDS
-    timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Unrecognized keys" | tee "$OUT/$name.log"
-    echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start))s" | tee -a "$OUT/steps.txt"
+    timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Unrecognized keys" | tee -a "$OUT/run.log"
+    echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start))s" >> "$OUT/run.log"
 }
 step checkpoint 50 "$PY" bench/gpu/make_checkpoint.py --shape "$SHAPE" --out "$CKPT" \
     --tokenizer .gpu/tokenizer --device "$DEVICE"
@@ -43,4 +45,4 @@ step batch1 230 "$PY" bench/gpu/batch1.py --model "$CKPT" --device "$DEVICE" --d
     --tokens "$TOKENS" --rounds "$ROUNDS" --json "$OUT/batch1.json"
 step step_profile 60 "$PY" bench/step_profile.py --device "$DEVICE" --model "$CKPT" --dtype bfloat16 \
     --batch 1 "$BATCH" --draft none ngram --rounds 1 --max-tokens 32 --json "$OUT/step_profile.json"
-cat "$OUT/steps.txt"
+grep "^== .*: exit" "$OUT/run.log"
