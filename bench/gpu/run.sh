@@ -34,15 +34,15 @@ step checkpoint 50 "$PY" bench/gpu/make_checkpoint.py --shape "$SHAPE" --out "$C
     --tokenizer .gpu/tokenizer --device "$DEVICE"
 TESTS="tests/sample/test_triton.py tests/sample/test_triton_split_rows.py tests/engine/test_cuda.py tests/engine/test_greedy_path.py"
 if [ "$DEVICE" = cuda ]; then
-    step tests 120 env OMP_NUM_THREADS=2 "$PY" -m pytest -p no:cacheprovider -o addopts= -n 8 -q \
+    step tests 110 env OMP_NUM_THREADS=2 "$PY" -m pytest -p no:cacheprovider -o addopts= -n 8 -q \
         --timeout 100 -rfE $TESTS
 else  # the interpreter runs these in make test; here only that they collect
     step tests 120 "$PY" -m pytest -p no:cacheprovider -o addopts= -q --collect-only $TESTS
 fi
 step verify 50 "$PY" bench/verify.py --device "$DEVICE" --batch 1 64 --k 5 --vocab "$VOCAB" --dtype bfloat16 \
     --modes random greedy top-k50-p0.9 --reps 1 --json "$OUT/verify.json"
-step batch1 230 "$PY" bench/gpu/batch1.py --model "$CKPT" --device "$DEVICE" --dtype bfloat16 \
+step batch1 210 "$PY" bench/gpu/batch1.py --model "$CKPT" --device "$DEVICE" --dtype bfloat16 \
     --tokens "$TOKENS" --rounds "$ROUNDS" --json "$OUT/batch1.json"
-step step_profile 60 "$PY" bench/step_profile.py --device "$DEVICE" --model "$CKPT" --dtype bfloat16 \
+step step_profile 80 "$PY" bench/step_profile.py --device "$DEVICE" --model "$CKPT" --dtype bfloat16 \
     --batch 1 "$BATCH" --draft none ngram --rounds 1 --max-tokens 32 --json "$OUT/step_profile.json"
 grep "^== .*: exit" "$OUT/run.log"
