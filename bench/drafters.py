@@ -26,6 +26,7 @@ take turns prompt by prompt (batch by batch), so drift in the machine's speed hi
     python bench/drafters.py --trees 3 4,1    # learned drafters with trees beside their chains
     python bench/drafters.py --heads old=eagle-old.safetensors
     python bench/drafters.py --drafters ngram eagle ngram+eagle
+    python bench/drafters.py --classes --max-tokens 128 --k-scan 0 1 2 3 4 5   # issue 46's table
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ from verispec.engine.llm import LLM
 from verispec.spec_decode.metrics import SpecDecodeStats
 
 PROMPTS = Path(__file__).parent / "prompts" / "spec_bench.jsonl"
+CLASSES = Path(__file__).parent / "prompts" / "classes.jsonl"
 DRAFTERS = ("none", "ngram", "medusa", "eagle", "ngram+medusa", "ngram+eagle")
+CLASS_DRAFTERS = ["none", "ngram", "eagle", "ngram+eagle"]  # --classes without --drafters
 KV_GIB = 0.5  # per tree engine: enough for 16 requests, and a dozen engines fit in memory
 
 
-def load(per_category: int) -> list[dict[str, str]]:
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+def load(per_category: int, path: Path = PROMPTS) -> list[dict[str, str]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     taken: dict[str, int] = defaultdict(int)
     chosen = []
     for row in rows:
@@ -80,21 +83,28 @@ def chat_ids(llm: LLM, text: str) -> list[int]:
     return llm.tokenizer.encode(rendered, add_special_tokens=False)
 
 
-def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: SamplingParams) -> dict[str, dict]:
+def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: SamplingParams,
+               seeded: bool = True) -> dict[str, dict]:
     """Prompt by prompt, every engine in turn (so drift in the machine's speed hits all alike).
-    rows_per_step: verify rows per step with drafts (drafts + 1), as vLLM counts acceptance."""
+    rows_per_step: verify rows per step with drafts (drafts + 1), as vLLM counts acceptance.
+    seeded: sampled requests carry a seed (their K then comes from the declared costs,
+    SpeculativeConfig.learn_costs); unseeded ones are priced with the learned costs."""
     stats = {name: defaultdict(SpecDecodeStats) for name in llms}
     tokens = dict.fromkeys(llms, 0)
     seconds = dict.fromkeys(llms, 0.0)
+    by_class = {name: defaultdict(lambda: [0, 0.0]) for name in llms}  # category -> [tokens, seconds]
     outputs: dict[str, list[list[int]]] = {name: [] for name in llms}
     for i, row in enumerate(prompts):
-        p = dataclasses.replace(params, seed=i) if params.temperature > 0 else params
+        p = dataclasses.replace(params, seed=i) if params.temperature > 0 and seeded else params
         for name, llm in llms.items():
             ids = chat_ids(llm, row["prompt"])
             start = time.perf_counter()
             out = llm.generate(ids, p, use_tqdm=False)[0]
-            seconds[name] += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            seconds[name] += elapsed
             tokens[name] += len(out.token_ids)
+            by_class[name][row["category"]][0] += len(out.token_ids)
+            by_class[name][row["category"]][1] += elapsed
             stats[name][row["category"]].merge(out.stats)
             outputs[name].append(out.token_ids)
     results = {}
@@ -107,6 +117,10 @@ def run_batch1(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Samp
                          "rows_per_step": 1 + total.num_draft_tokens / max(1, total.num_drafts),
                          "per_position_acceptance": total.per_position_acceptance,
                          "per_category": {c: s.mean_acceptance_length for c, s in stats[name].items()},
+                         "per_category_tok_s": {c: n / t for c, (n, t) in by_class[name].items()},
+                         "per_category_acceptance": {c: s.acceptance_rate for c, s in stats[name].items()},
+                         "per_category_tokens_per_step": {c: s.num_emitted_tokens / max(1, s.num_steps)
+                                                          for c, s in stats[name].items()},
                          "outputs": outputs[name]}
     return results
 
@@ -132,6 +146,53 @@ def run_batches(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Sam
             for name in llms}
 
 
+def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, k_scan: list[int]) -> list[dict]:
+    """The prompt classes (bench/prompts/classes.jsonl: copy-heavy, code edit, open, summary) on
+    each drafter's default engine (the default 4-bit target, adaptive K): batch 1 greedy and
+    sampled (T 0.8, top-k 50, top-p 0.9, unseeded and seeded), then every prompt at once
+    (`batch` requests), greedy and sampled; with k_scan, batch 1 greedy at each fixed K."""
+    prompts = load(10**6, CLASSES) * repeats
+    llms = {name: LLM(draft=name, progress=False) for name in drafters}
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+    sampled = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=max_tokens)
+    for llm in llms.values():  # one prompt each first: the caches filled, the costs learned from this machine
+        llm.generate([chat_ids(llm, row["prompt"]) for row in prompts[:2]], greedy, use_tqdm=False)
+    rows = []
+    classes = list(dict.fromkeys(row["category"] for row in prompts))
+    print(f"{'mode':>16} {'drafter':>12} " + " ".join(f"{c:>20}" for c in classes) + f" {'all':>14}")
+    for mode, params, seeded in (("greedy", greedy, False), ("sampled", sampled, False),
+                                 ("sampled, seeded", sampled, True)):
+        results = run_batch1(llms, prompts, params, seeded)
+        for name, r in results.items():
+            none = results["none"]
+            cells = " ".join(f"{r['per_category_tok_s'][c]:7.1f} {r['per_category_tok_s'][c] / none['per_category_tok_s'][c]:5.2f}x"
+                             f" {r['per_category_tokens_per_step'][c]:4.2f}" for c in classes)
+            print(f"{'b1 ' + mode:>16} {name:>12} {cells} {r['tok_s']:7.1f} {r['tok_s'] / none['tok_s']:5.2f}x")
+            rows.append({"batch": 1, "mode": mode, "drafter": name, "speedup_vs_none": r["tok_s"] / none["tok_s"],
+                         "per_category_speedup": {c: r["per_category_tok_s"][c] / none["per_category_tok_s"][c]
+                                                  for c in classes},
+                         **{key: v for key, v in r.items() if key != "outputs"}})
+    wide = (prompts * -(-batch // len(prompts)))[:batch]
+    for mode, params in (("greedy", greedy), ("sampled", sampled)):
+        results = run_batches(llms, wide, params, batch)
+        for name, r in results.items():
+            ratio = r["tok_s"] / results["none"]["tok_s"]
+            print(f"{f'b{batch} ' + mode:>16} {name:>12} {r['tok_s']:7.1f} {ratio:5.2f}x {r['mean_acceptance_length']:4.2f}")
+            rows.append({"batch": batch, "mode": mode, "drafter": name, "speedup_vs_none": ratio, **r})
+    del llms
+    for name in [d for d in drafters if d != "none"] if k_scan else []:
+        fixed = {f"{name} K={k}": LLM(draft=name if k else "none", num_speculative_tokens=k, adaptive=False,
+                                       progress=False) for k in k_scan}
+        for llm in fixed.values():
+            llm.generate([chat_ids(llm, row["prompt"]) for row in prompts[:1]], greedy, use_tqdm=False)
+        results = run_batch1(fixed, prompts, greedy)
+        for (label, r), k in zip(results.items(), k_scan):
+            print(f"{'b1 greedy':>16} {label:>12} {r['tok_s']:7.1f} tok/s {r['mean_acceptance_length']:4.2f} tokens/step")
+            rows.append({"batch": 1, "mode": "greedy", "drafter": name, "k": k, "scan": True,
+                         **{key: v for key, v in r.items() if key != "outputs"}})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS,
@@ -148,8 +209,22 @@ def main() -> None:
     parser.add_argument("--heads", nargs="*", default=[], metavar="NAME=FILE",
                         help="more head files, run beside the shipped heads under NAME")
     parser.add_argument("--control", action="store_true", help="a second engine without drafts, as a noise floor")
+    parser.add_argument("--classes", action="store_true",
+                        help="the prompt classes on each drafter's default engine (run_classes); "
+                             "--drafters, --max-tokens, --batch, --repeats and --k-scan apply")
+    parser.add_argument("--repeats", type=int, default=2, help="with --classes: passes over the prompts")
+    parser.add_argument("--k-scan", type=int, nargs="*", default=[], metavar="K",
+                        help="with --classes: also batch 1 greedy at each of these fixed K")
     parser.add_argument("--json", type=Path, default=Path("bench/results/drafters.json"))
     args = parser.parse_args()
+    if args.classes:
+        torch.set_num_threads(args.threads)
+        chosen = CLASS_DRAFTERS if args.drafters == list(DRAFTERS) else args.drafters
+        drafters = ["none", *(d for d in chosen if d != "none")]
+        rows = run_classes(drafters, args.repeats, args.max_tokens, args.batch, args.k_scan)
+        write_json(args.json, torch.device("cpu"), rows, max_tokens=args.max_tokens, repeats=args.repeats,
+                   prompts=str(CLASSES.name))
+        return
     heads = dict(item.split("=", 1) for item in args.heads if "=" in item)
     drafters = ["none", *(d for d in args.drafters if d != "none")]
     if len(heads) != len(args.heads) or set(heads) & set(DRAFTERS):

@@ -106,9 +106,10 @@ class DraftCost:
         per_call + per_request * num_requests + depth * (per_position + per_row * num_requests),
 
     and nothing when nobody drafts. per_position prices a drafter that runs one pass per draft
-    position (the pass's fixed cost), per_row what each request adds to such a pass. The numbers
-    are declared, never timed at run time: K decides which random numbers a seeded request
-    consumes, so it must not depend on how fast this machine happened to be.
+    position (the pass's fixed cost), per_row what each request adds to such a pass. The declared
+    numbers price seeded requests (K decides which random numbers a seeded request consumes, so
+    it must not depend on how fast this machine happened to be) and are where the engine's
+    learned prices start (SpeculativeConfig.learn_costs).
     """
 
     per_call: float = 0.0
@@ -154,6 +155,10 @@ class SpeculativeConfig:
         weights, 0.3 for quantized ones, whose one-row pass is memory-bound and cheap).
     draft_cost: for `adaptive`, what drafting costs relative to the same fixed cost (a
         DraftCost); None takes the drafter's own declaration (Drafter.draft_cost).
+    learn_costs: for `adaptive` with row_cost and draft_cost None, learn both from the step
+        times the engine sees, starting from the declared ones or from what the last engine on
+        this machine learned (spec_decode/cost_learner.py); seeded requests keep the declared
+        ones. False: the declared constants throughout.
     verification: how drafts are verified, both exact: "token" (accept draft by draft, stop at
         the first rejection) or "block" (Sun et al. 2024: judge the drafts as a block; never
         fewer accepted drafts in expectation; verispec/sample/block.py).
@@ -173,6 +178,7 @@ class SpeculativeConfig:
     adaptive: bool = True
     row_cost: float | None = None
     draft_cost: DraftCost | None = None
+    learn_costs: bool = True
     verification: str = "token"
     tree: TreeShape | None = None
 
@@ -191,6 +197,7 @@ class SpeculativeConfig:
                  self.ngram_max, f"an integer >= ngram_min ({self.ngram_min})")
         _require(self.row_cost is None or isinstance(self.row_cost, (int, float)) and self.row_cost > 0,
                  "row_cost", self.row_cost, "a number > 0 or None")
+        _require(isinstance(self.learn_costs, bool), "learn_costs", self.learn_costs, "True or False")
         if self.draft_cost is not None and not isinstance(self.draft_cost, DraftCost):
             raise TypeError(f"draft_cost={self.draft_cost!r} is a {type(self.draft_cost).__name__}: "
                             "expected a DraftCost or None")

@@ -4,11 +4,12 @@ TreeGate: the same for whole trees."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
 from verispec.config import DraftCost
-from verispec.spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
+from verispec.spec_decode.adaptive import PROBE_COST, AdaptiveK, DraftClaim, TreeGate
 from verispec.spec_decode.metrics import expected_emitted_tokens
 
 
@@ -154,6 +155,21 @@ def test_allot_charges_fixed_claims_their_drafting() -> None:
     assert ctl.allot([claim, probe], base_rows=2, base_tokens=2, padded_rows=lambda rows: rows) == [2, 2]
 
 
+def test_costly_probes_wait_longer() -> None:
+    """A probe that costs more than PROBE_COST of a step waits in proportion, so that probing
+    with an expensive drafter costs about what probing with a cheap one does."""
+    cheap = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=8)
+    costly = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=8, draft_cost=DraftCost(per_call=0.6, per_position=0.3))
+    probe_cost = 0.1 / 1.1 + 0.9 / 1.1  # its row and its call, relative to a one-row step
+    assert cheap.probe_interval_at(1) == 8
+    assert costly.probe_interval_at(1) == math.ceil(8 * probe_cost / PROBE_COST)
+    # Recalibrated to a free drafter, the costly gate probes as the cheap one; declared
+    # lookups keep the constructor's constants.
+    costly.recalibrate(0.1, DraftCost())
+    assert costly.probe_interval_at(1) == 8
+    assert costly.probe_interval_at(1, declared=True) == math.ceil(8 * probe_cost / PROBE_COST)
+
+
 def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> None:
     ctl = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=4)
     intervals = [ctl.probe_interval_at(b) for b in (1, 2, 4, 16)]
@@ -193,7 +209,9 @@ def test_a_tree_pays_alone_when_it_is_accepted_and_not_in_a_big_batch() -> None:
 def test_a_request_without_a_tree_probes_with_a_whole_tree() -> None:
     gate = TreeGate(nodes=5, depth=2, probe_interval=3)
     _productive(gate, "a", 0)
-    assert [gate.num_draft_tokens("a") for _ in range(6)] == [0, 0, 5, 0, 0, 5]
+    # Five probe rows cost 5 x 0.1 / 1.1 = 0.45 of a step, 1.8x PROBE_COST: 3 x 1.8 steps apart.
+    assert gate.probe_interval_at(1) == 6
+    assert [gate.num_draft_tokens("a") for _ in range(12)] == [0] * 5 + [5] + [0] * 5 + [5]
     assert gate.probing("a")
     # Before its first tree is judged a request probes, whatever the batch.
     assert gate.num_draft_tokens("fresh", 64) == 5 and gate.probing("fresh")

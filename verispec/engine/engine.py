@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import reprlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,12 +39,15 @@ import torch
 
 from ..config import EngineConfig
 from ..model import IncrementalDecoder, LlamaModel, Tokenizer
+from ..model.product_choice import machine_key
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.greedy import greedy_chains, plain_greedy
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
 from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
+from ..spec_decode.cost_cache import CostCache
+from ..spec_decode.cost_learner import CostLearner
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
 from ..structured import GrammarCompiler, GrammarMatcher, apply_token_mask, chain_prefixes, tree_prefixes
 from ..spec_decode.trees import branching
@@ -153,6 +158,13 @@ class LLMEngine:
                 if self.tree is None else \
                 TreeGate(spec.num_draft_tokens, min(len(branching(self.tree)), spec.num_draft_tokens),
                          row_cost, draft_cost=cost)
+        # Constants the user gave stay as given; the declared ones are only where learning starts.
+        self.costs: CostLearner | None = None
+        if self.adaptive is not None and spec.learn_costs and spec.row_cost is None and spec.draft_cost is None:
+            key = (machine_key(), type(model).__name__, model.config, model.dtype, model.quantized,
+                   type(drafter).__name__, self.tree, [cost(d, n) for d in (1, 2, 4) for n in (1, 4)])
+            self.costs = CostLearner(self.adaptive, row_cost, cost, CostCache(repr(key)))
+        self._step_timing: tuple[int, float] | None = None  # (rows, drafting seconds) of a decode step
         # Every chain hash starts from the model, its dtype and whether its weights are
         # quantized: a block's keys and values are a function of these and the token prefix alone.
         root = identity_key("target", type(model).__name__, model.config, model.dtype, model.quantized) \
@@ -293,6 +305,8 @@ class LLMEngine:
         for a request's sake: a request whose scheduling, drafting, verification or drafter
         bookkeeping raises is failed (module docstring)."""
         self._steps += 1
+        start = time.perf_counter()
+        self._step_timing = None
         try:
             plan = self.scheduler.schedule()
         except Exception as error:  # outside any one request's planning: nobody can be served
@@ -305,7 +319,11 @@ class LLMEngine:
             error = self._release(request.request_id)
             if error is not None:
                 outputs.append(self._fail(request, error))
-        return outputs + self._run(plan.scheduled)
+        outputs += self._run(plan.scheduled)
+        if self.costs is not None and self._step_timing is not None:
+            rows, drafting = self._step_timing
+            self.costs.observe_pass(self.model.padded_rows(rows), time.perf_counter() - start - drafting)
+        return outputs
 
     def _run(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
         """Runs the scheduled requests as one batch; if that raises, one at a time (module
@@ -341,7 +359,9 @@ class LLMEngine:
         reserved for the step are written). Per scheduled request, what it emits (None when it
         only fed a prefill chunk)."""
         sampling = [p for p in scheduled if p.samples]
+        start = time.perf_counter()
         drafts = self._propose(scheduled, sampling)
+        drafting = time.perf_counter() - start
         feeds = []
         fed: list[FedTokens] = []  # each request's conditional sequence, for a drafter that reads hidden states
         row = 0
@@ -357,6 +377,10 @@ class LLMEngine:
                         fed.append(FedTokens(rid, feed.start, feed.token_ids, row))
                     feeds.append(feed)
                     row += len(feed.token_ids)
+        # Only decode steps teach the cost model: a prefill chunk's rows cost what a long
+        # sequence's attention does, not what a verify row does.
+        if sampling and all(n <= 1 for p in scheduled for n in p.num_new):
+            self._step_timing = (row, drafting)
         layers = self.drafter.hidden_layers if self.drafter is not None else ()
         hidden = None
         if layers:
@@ -406,7 +430,7 @@ class LLMEngine:
         if cap == 0 or self.adaptive is None:
             return cap
         if request.batch_invariant:
-            return min(cap, self.adaptive.num_draft_tokens(request.request_id))
+            return min(cap, self.adaptive.num_draft_tokens(request.request_id, declared=True))
         return min(cap, self.adaptive.num_draft_tokens(
             request.request_id, len(self.scheduler.running), engine_step=self._steps + 1))
 
@@ -438,11 +462,18 @@ class LLMEngine:
                          batch_invariant=p.request.batch_invariant, grammar=p.request.grammar)
             for p, k in drafting
         ]
+        start = time.perf_counter()
         if self.tree is None:
             batch = _grammar_cut(requests, self.drafter.propose(requests))
+            if self.costs is not None:
+                self.costs.observe_call(max(k for _, k in drafting), len(requests), time.perf_counter() - start)
             drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
             return _Drafts(drafts, {}, batch.probs)
         trees = self.drafter.propose_tree(requests, self.tree)
+        if self.costs is not None:  # priced as TreeGate prices a call
+            gate = self.adaptive
+            self.costs.observe_call(gate.depth, len(requests) * math.ceil(gate.nodes / gate.depth),
+                                    time.perf_counter() - start)
         kept = [(p.request.request_id, t, a) for p, t, a in
                 zip(speculating, trees.node_token_ids, trees.node_parents) if t]
         return _Drafts({r: list(t) for r, t, _ in kept}, {r: list(a) for r, _, a in kept},

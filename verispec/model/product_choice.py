@@ -67,7 +67,8 @@ def measure(product_seconds: Callable[[str, int], float], kinds: tuple[str, ...]
     return ProductChoice(tuple(chosen))
 
 
-def _machine_key() -> str:  # the CPU model, torch version and thread count
+def machine_key() -> str:
+    """The CPU model, torch version and thread count: what measurements kept per machine depend on."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
@@ -90,7 +91,7 @@ def product_choice(product_seconds: Callable[[str, int], float], shape: tuple[in
                              "this machine runs)")
         return ProductChoice((forced,) * len(ROW_COUNTS))
     path = cache_dir() / "cpu-products.json"
-    key = f"{_machine_key()} | {'/'.join(kinds)} | {shape[0]}x{shape[1]}"
+    key = f"{machine_key()} | {'/'.join(kinds)} | {shape[0]}x{shape[1]}"
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):

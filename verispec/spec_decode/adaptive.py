@@ -49,6 +49,10 @@ from dataclasses import dataclass
 
 from .metrics import expected_emitted_tokens
 
+# The most a request's probe may cost, as a share of a step, at the base probe interval; a
+# costlier probe (a bigger batch, an expensive drafter call) waits longer (probe_interval_at).
+PROBE_COST = 0.25
+
 
 @dataclass(frozen=True)
 class DraftClaim:
@@ -97,39 +101,68 @@ class _Gate(ABC):
                 raise ValueError(f"{name}={value!r} is invalid for {type(self).__name__}")
         self.row_cost, self.prior, self.prior_weight = row_cost, prior, prior_weight
         self.decay, self.probe_interval, self.draft_cost = decay, probe_interval, draft_cost
+        self.declared_row_cost, self.declared_draft_cost = row_cost, draft_cost
         self.probe_size = probe_size
         self._estimates: dict[str, _Estimate] = {}
 
-    def _row_cost_at(self, batch_size: int) -> float:
-        """c: the cost of one more row per request, relative to the step, at this batch size."""
-        return batch_size * self.row_cost / (1 + batch_size * self.row_cost)
+    def recalibrate(self, row_cost: float, draft_cost: Callable[[int, int], float]) -> None:
+        """Prices steps with these constants from now on (measured ones: spec_decode/step_costs.py);
+        `declared` lookups keep the constructor's."""
+        if not row_cost > 0:
+            raise ValueError(f"row_cost={row_cost!r} is invalid for {type(self).__name__}: expected > 0")
+        self.row_cost, self.draft_cost = row_cost, draft_cost
+        self._forget_tables()
 
-    def probe_interval_at(self, batch_size: int) -> int:
-        """Steps between probes: probe_interval alone, longer in bigger batches, where a probe
-        row costs more of the step, so that probing costs every batch size the same share."""
-        scale = self._row_cost_at(batch_size) / self._row_cost_at(1)
-        return math.ceil(self.probe_interval * scale - 1e-9)
+    def _forget_tables(self) -> None:
+        """Drops what was computed from the constants (subclasses' caches)."""
+
+    def _constants(self, declared: bool) -> tuple[float, Callable[[int, int], float]]:
+        return (self.declared_row_cost, self.declared_draft_cost) if declared else (self.row_cost, self.draft_cost)
+
+    def _row_cost_at(self, batch_size: int, declared: bool = False) -> float:
+        """c: the cost of one more row per request, relative to the step, at this batch size."""
+        row_cost = self._constants(declared)[0]
+        return batch_size * row_cost / (1 + batch_size * row_cost)
+
+    def probe_interval_at(self, batch_size: int, declared: bool = False) -> int:
+        """Steps between probes: probe_interval for a probe alone that costs at most PROBE_COST
+        of a step, proportionally longer for a costlier one (a bigger batch, where a probe row
+        costs more of the step; a drafter whose call is a good part of a step), so that probing
+        costs every batch size and drafter about the same share of the time."""
+        reference = min(self._probe_cost(1, declared), PROBE_COST)
+        return math.ceil(self.probe_interval * max(1.0, self._probe_cost(batch_size, declared) / reference) - 1e-9)
+
+    def _probe_cost(self, batch_size: int, declared: bool) -> float:
+        """What probing every one of `batch_size` requests adds to a step, relative to the step."""
+        return self._row_cost_at(batch_size, declared) * self.probe_size \
+            + self._probe_draft_cost(batch_size, declared) / (1 + batch_size * self._constants(declared)[0])
+
+    def _probe_draft_cost(self, batch_size: int, declared: bool) -> float:
+        """What drafting a probe for each of `batch_size` requests costs, in units of a."""
+        return self._constants(declared)[1](self.probe_size, batch_size)
 
     @abstractmethod
-    def _preferred(self, request_id: str, batch_size: int) -> int:
-        """Drafts the request is worth alone, from its estimate, at this batch size."""
+    def _preferred(self, request_id: str, batch_size: int, declared: bool) -> int:
+        """Drafts the request is worth alone, from its estimate, at this batch size, priced with
+        the declared constants or the current ones."""
 
     def num_draft_tokens(self, request_id: str, batch_size: int = 1,
-                         engine_step: int | None = None) -> int:
+                         engine_step: int | None = None, declared: bool = False) -> int:
         """Drafts for the request's next step, among `batch_size` running requests.
 
         engine_step: the number of that step in the engine; given, requests at 0 probe together
         on every probe_interval-th engine step, so that the probe rows of a batch share one step
         (and its padding) instead of spreading over all of them. Left out, a request probes
         after probe_interval steps of its own (what a seeded request needs to stay batch
-        invariant)."""
+        invariant). declared: price with the constructor's constants, not recalibrate's (a
+        seeded request's K must not depend on how fast the machine happened to be)."""
         batch_size = max(1, batch_size)
-        k = self._preferred(request_id, batch_size)
+        k = self._preferred(request_id, batch_size, declared)
         e = self._estimates.setdefault(request_id, _Estimate())
         e.probing = False
         if k == 0 and self.probe_size > 0:
             e.idle_steps += 1
-            interval = self.probe_interval_at(batch_size)
+            interval = self.probe_interval_at(batch_size, declared)
             due = e.idle_steps >= interval if engine_step is None else engine_step % interval == 0
             if due:
                 e.idle_steps = 0
@@ -156,15 +189,21 @@ class AdaptiveK(_Gate):
         super().__init__(row_cost, prior, prior_weight, decay, probe_interval, draft_cost, probe_size=min(1, max_k),
                          checks=(("max_k", max_k, isinstance(max_k, int) and max_k >= 0),))
         self.max_k = max_k
-        self._tables: dict[int, list[int]] = {}
+        self._tables: dict[tuple[int, bool], list[int]] = {}
 
-    def table(self, batch_size: int) -> list[int]:
-        """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once)."""
-        if batch_size not in self._tables:
-            c, step = self._row_cost_at(batch_size), 1 + batch_size * self.row_cost
-            costs = [1 + c * k + self.draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
-            self._tables[batch_size] = [self._best_k(i / 100, costs) for i in range(101)]
-        return self._tables[batch_size]
+    def _forget_tables(self) -> None:
+        self._tables = {key: table for key, table in self._tables.items() if key[1]}
+
+    def table(self, batch_size: int, declared: bool = False) -> list[int]:
+        """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once per
+        set of constants)."""
+        key = (batch_size, declared)
+        if key not in self._tables:
+            row_cost, draft_cost = self._constants(declared)
+            c, step = self._row_cost_at(batch_size, declared), 1 + batch_size * row_cost
+            costs = [1 + c * k + draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
+            self._tables[key] = [self._best_k(i / 100, costs) for i in range(101)]
+        return self._tables[key]
 
     def _best_k(self, alpha: float, costs: list[float]) -> int:
         """costs[k]: a step with k drafts per request, relative to one without (module docstring)."""
@@ -175,8 +214,8 @@ class AdaptiveK(_Gate):
         e = self._estimates.get(request_id, _Estimate())
         return (e.accepted + self.prior * self.prior_weight) / (e.judged + self.prior_weight)
 
-    def _preferred(self, request_id: str, batch_size: int) -> int:
-        return self.table(batch_size)[round(self.alpha(request_id) * 100)]
+    def _preferred(self, request_id: str, batch_size: int, declared: bool) -> int:
+        return self.table(batch_size, declared)[round(self.alpha(request_id) * 100)]
 
     def allot(
         self,
@@ -260,14 +299,17 @@ class TreeGate(_Gate):
         e = self._estimates.get(request_id, _Estimate())
         return 1 + (e.accepted + self.prior_gain * self.prior_weight) / (e.judged + self.prior_weight)
 
-    def _tree_draft_cost(self, num_requests: int) -> float:
-        return self.draft_cost(self.depth, num_requests * math.ceil(self.nodes / self.depth))
+    def _tree_draft_cost(self, num_requests: int, declared: bool = False) -> float:
+        return self._constants(declared)[1](self.depth, num_requests * math.ceil(self.nodes / self.depth))
 
-    def _preferred(self, request_id: str, batch_size: int) -> int:
+    def _probe_draft_cost(self, batch_size: int, declared: bool) -> float:
+        return self._tree_draft_cost(batch_size, declared)
+
+    def _preferred(self, request_id: str, batch_size: int, declared: bool) -> int:
         if self._unjudged(request_id):
             return self.nodes
-        cost = 1 + self._row_cost_at(batch_size) * self.nodes \
-            + self._tree_draft_cost(batch_size) / (1 + batch_size * self.row_cost)
+        cost = 1 + self._row_cost_at(batch_size, declared) * self.nodes \
+            + self._tree_draft_cost(batch_size, declared) / (1 + batch_size * self._constants(declared)[0])
         return self.nodes if self.tokens(request_id) > cost else 0
 
     def allot(

@@ -1,0 +1,186 @@
+"""StepCosts: the cost model's constants fitted to step times; CostCache: kept between runs and
+distrusted when damaged; CostLearner through the engine: learned prices for greedy and unseeded
+requests, the declared ones for seeded requests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+
+from tests.tiny import run_all, tiny_engine, tiny_model
+from verispec import SamplingParams
+from verispec.config import DraftCost
+from verispec.spec_decode.adaptive import AdaptiveK
+from verispec.spec_decode.cost_cache import CostCache
+from verispec.spec_decode.cost_learner import CostLearner
+from verispec.spec_decode.ngram import NgramDrafter
+from verispec.spec_decode.step_costs import LearnedCosts, StepCosts
+
+EAGLE_LIKE = DraftCost(per_call=0.5, per_request=0.05, per_position=0.1, per_row=0.02)
+
+
+def _passes(costs: StepCosts, a: float, b: float, rows: list[int], n: int, noise: float = 0.02, seed: int = 0):
+    rng = random.Random(seed)
+    for i in range(n):
+        r = rows[i % len(rows)]
+        costs.observe_pass(r, (a + b * r) * (1 + rng.uniform(-noise, noise)))
+
+
+def test_the_row_cost_is_fitted_from_passes_of_several_row_counts() -> None:
+    costs = StepCosts(row_cost=0.3)
+    _passes(costs, a=2.5e-3, b=1.7e-3, rows=[1, 2, 1, 6], n=200)
+    assert costs.learned.row_cost == pytest.approx(0.68, rel=0.05)
+    assert costs.fixed_seconds == pytest.approx(2.5e-3, rel=0.05)
+
+
+def test_one_row_count_leaves_the_prior_row_cost() -> None:
+    costs = StepCosts(row_cost=0.3)
+    assert costs.learned == LearnedCosts(0.3, 0.0, 0.0)  # nothing seen: the prior (no declared draft cost)
+    _passes(costs, a=2.5e-3, b=1.7e-3, rows=[1], n=50)
+    assert costs.learned.row_cost == 0.3
+    # a + b at one row is all the passes say; the prior splits it.
+    assert costs.fixed_seconds * 1.3 == pytest.approx(4.2e-3, rel=0.03)
+
+
+def test_the_fit_follows_a_machine_that_changes_and_shrugs_off_a_pause() -> None:
+    costs = StepCosts(row_cost=0.3)
+    _passes(costs, a=2e-3, b=0.4e-3, rows=[1, 3], n=100)
+    costs.observe_pass(1, 1.0)  # a 1 s pause of the machine
+    assert costs.learned.row_cost == pytest.approx(0.2, rel=0.25)
+    _passes(costs, a=2e-3, b=1.4e-3, rows=[1, 3], n=500)  # each row now costs 3.5x
+    assert costs.learned.row_cost == pytest.approx(0.7, rel=0.05)
+
+
+def test_draft_scales_are_fitted_to_calls() -> None:
+    costs = StepCosts(row_cost=0.3, draft_cost=EAGLE_LIKE)
+    a = 2.5e-3
+    _passes(costs, a=a, b=0.75e-3, rows=[1, 2], n=50)
+    rng = random.Random(1)
+    for i in range(200):
+        depth, n = 1 + i % 4, 1 + (i // 4) % 3
+        first = EAGLE_LIKE(1, n)
+        truth = 1.2 * first + 3.0 * (EAGLE_LIKE(depth, n) - first)  # a costlier position than declared
+        costs.observe_call(depth, n, truth * costs.fixed_seconds * (1 + rng.uniform(-0.02, 0.02)))
+    learned = costs.learned
+    assert learned.first_scale == pytest.approx(1.2, rel=0.05)
+    assert learned.rest_scale == pytest.approx(3.0, rel=0.05)
+    row_cost, draft_cost = costs.snapshot()
+    assert draft_cost(4, 2) == pytest.approx(1.2 * EAGLE_LIKE(1, 2) + 3.0 * (EAGLE_LIKE(4, 2) - EAGLE_LIKE(1, 2)),
+                                             rel=0.05)
+    assert draft_cost(0, 2) == draft_cost(3, 0) == 0.0
+
+
+def test_depths_never_drafted_keep_the_prior_price_per_position() -> None:
+    costs = StepCosts(row_cost=0.3, draft_cost=EAGLE_LIKE)
+    _passes(costs, a=2.5e-3, b=0.75e-3, rows=[1, 2], n=50)
+    for _ in range(100):
+        costs.observe_call(1, 1, 2.0 * EAGLE_LIKE(1, 1) * costs.fixed_seconds)
+    assert costs.learned.first_scale == pytest.approx(2.0, rel=0.05)
+    assert costs.learned.rest_scale == pytest.approx(1.0)
+
+
+def test_a_drafter_that_declares_nothing_is_learned_from_zero() -> None:
+    costs = StepCosts(row_cost=0.3, draft_cost=DraftCost())
+    assert costs.snapshot()[1](4, 1) == 0.0
+    _passes(costs, a=2e-3, b=0.6e-3, rows=[1, 2], n=50)
+    for i in range(100):
+        depth = 1 + i % 4
+        costs.observe_call(depth, 1, (0.4 + 0.2 * depth) * costs.fixed_seconds)
+    assert costs.snapshot()[1](4, 1) == pytest.approx(1.2, rel=0.05)
+
+
+@pytest.mark.parametrize("kwargs", [dict(row_cost=0), dict(row_cost=0.3, prior_weight=0),
+                                    dict(row_cost=0.3, decay=1.5)])
+def test_bad_settings_are_named(kwargs) -> None:
+    with pytest.raises(ValueError, match="StepCosts"):
+        StepCosts(**kwargs)
+
+
+def test_the_cache_keeps_the_fit_per_key(tmp_path) -> None:
+    path = tmp_path / "costs.json"
+    CostCache("machine A", path).save(LearnedCosts(0.65, 1.2, 3.1))
+    CostCache("machine B", path).save(LearnedCosts(0.3, 1.0, 0.9))
+    assert CostCache("machine A", path).load() == LearnedCosts(0.65, 1.2, 3.1)
+    assert CostCache("machine B", path).load() == LearnedCosts(0.3, 1.0, 0.9)
+    assert CostCache("machine C", path).load() is None
+
+
+@pytest.mark.parametrize("damage", ["flip", "garbage", "range", "format"])
+def test_a_damaged_cache_is_ignored_with_a_logged_line(tmp_path, caplog, damage: str) -> None:
+    path = tmp_path / "costs.json"
+    cache = CostCache("machine A", path)
+    cache.save(LearnedCosts(0.65, 1.2, 3.1))
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    else:
+        saved = json.loads(path.read_text())
+        entry = saved[cache.key]
+        if damage == "flip":  # one value changed, its checksum not
+            entry["values"]["row_cost"] = 0.066
+        elif damage == "range":  # checksum right, value impossible
+            entry["values"]["row_cost"] = -1.0
+            entry["checksum"] = __import__("verispec.spec_decode.cost_cache", fromlist=["x"])._checksum(entry["values"])
+        else:
+            entry["format"] = 999
+        path.write_text(json.dumps(saved))
+    with caplog.at_level(logging.WARNING):
+        assert cache.load() is None
+    assert "cost cache" in caplog.text
+    cache.save(LearnedCosts(0.5, 1.0, 1.0))  # and it is rewritten whole
+    assert cache.load() == LearnedCosts(0.5, 1.0, 1.0)
+
+
+def test_the_learner_reprices_the_gate_and_saves_the_fit(tmp_path) -> None:
+    gate = AdaptiveK(max_k=4, row_cost=0.3, draft_cost=EAGLE_LIKE)
+    cache = CostCache("k", tmp_path / "c.json")
+    learner = CostLearner(gate, 0.3, EAGLE_LIKE, cache, every=8, first_save=32)
+    declared = gate.table(1, declared=True)
+    for i in range(40):
+        learner.observe_pass(1 + i % 2, 2e-3 + 2e-3 * (1 + i % 2))  # each row costs a whole a
+        learner.observe_call(1, 1, 3 * EAGLE_LIKE(1, 1) * 2e-3)
+    assert gate.row_cost == pytest.approx(1.0, rel=0.1)
+    assert gate.table(1) != declared and gate.table(1, declared=True) == declared
+    assert all(k <= d for k, d in zip(gate.table(1), declared))  # dearer rows and calls: fewer drafts
+    saved = cache.load()
+    assert saved is not None and saved.row_cost == pytest.approx(1.0, rel=0.1)
+    # A new learner with the same key starts where this one stopped.
+    again = AdaptiveK(max_k=4, row_cost=0.3, draft_cost=EAGLE_LIKE)
+    CostLearner(again, 0.3, EAGLE_LIKE, cache)
+    assert again.row_cost == saved.row_cost
+
+
+def _repetitive_prompts():
+    return [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8, 9, 7, 8]]
+
+
+def test_the_engine_learns_costs_and_seeded_requests_keep_the_declared_prices(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    model = tiny_model(3, vocab=16, scale=4.0)
+
+    def run(seed: int | None, learned: LearnedCosts | None, temperature: float = 1.0):
+        engine = tiny_engine(model, NgramDrafter(1, 3, 4), k=4)
+        if learned is not None:  # as if this machine had learned very different prices, kept
+            engine.costs.costs.prior = learned
+            engine.costs.every = 10**9
+            engine.adaptive.recalibrate(*engine.costs.costs.snapshot())
+        for i, prompt in enumerate(_repetitive_prompts()):
+            engine.add_request(prompt, SamplingParams(temperature=temperature, max_tokens=40,
+                                                      seed=None if seed is None else seed + i))
+        done = run_all(engine)
+        return engine, [done[rid].token_ids for rid in sorted(done)], sum(
+            out.stats.num_draft_tokens for out in done.values())
+
+    engine, _, _ = run(None, None)
+    assert engine.costs is not None and engine.costs.costs.observed_passes > 10
+    # Seeded: the same draws whatever the machine learned (K from the declared constants).
+    _, cheap, cheap_drafts = run(5, LearnedCosts(0.01, 0.0, 0.0))
+    _, dear, dear_drafts = run(5, LearnedCosts(50.0, 50.0, 50.0))
+    assert cheap == dear and cheap_drafts == dear_drafts > 0
+    # Greedy: priced with what was learned, exact either way; dear prices leave only probes.
+    _, cheap, cheap_drafts = run(None, LearnedCosts(0.01, 0.0, 0.0), temperature=0.0)
+    _, dear, dear_drafts = run(None, LearnedCosts(50.0, 50.0, 50.0), temperature=0.0)
+    assert cheap == dear
+    assert cheap_drafts > 4 * max(dear_drafts, 1)
