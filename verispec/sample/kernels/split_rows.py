@@ -67,7 +67,6 @@ def split_row_stats(
         batch=batch,
         vocab=vocab,
         search_steps=max(batch.bit_length(), 1),
-        split_width=t.split_width,
         IS_TARGET=int(is_target),
         HAS_CFG=uncond_logits is not None,
     )
@@ -83,23 +82,24 @@ def split_row_stats(
         NUM_PIVOTS=t.num_pivots,
     )
     grid = (num_rows, splits)
-    _stats_kernel[grid](**row, part_stats_ptr=part_stats, part_argmax_ptr=part_argmax,
-                        BLOCK_V=t.block_v, num_warps=t.num_warps)
+    _stats_kernel[grid](**row, split_width=t.split_width, part_stats_ptr=part_stats,
+                        part_argmax_ptr=part_argmax, BLOCK_V=t.block_v, num_warps=t.num_warps)
     searches = [by_mass for by_mass, on in ((False, sampling.any_top_k), (True, sampling.any_top_p)) if on]
     launch = 0
     previous = None  # BY_MASS of the last pass; None: the stats come next
     for by_mass in searches:
         for i in range(t.max_passes):
-            _pass_kernel[grid](**row, **folds, part_stats_ptr=part_stats, part_argmax_ptr=part_argmax,
-                               argmax_ptr=out.argmax, parity=launch % 2, FROM_STATS=previous is None,
+            _pass_kernel[grid](**row, **folds, split_width=t.split_width, part_stats_ptr=part_stats,
+                               part_argmax_ptr=part_argmax, argmax_ptr=out.argmax, parity=launch % 2,
+                               FROM_STATS=previous is None,
                                FOLD_BY_MASS=bool(previous), START=i == 0, BY_MASS=by_mass,
                                BLOCK_V=t.search_block_v, num_warps=t.num_warps)
             previous = by_mass
             launch += 1
     has_min_p = sampling.any_min_p
     if has_min_p:
-        _min_p_kernel[grid](**row, **folds, min_p_ptr=sampling.min_p, min_p_mass_ptr=min_p_mass,
-                            parity=launch % 2, FOLD_BY_MASS=previous, BLOCK_V=t.block_v,
+        _min_p_kernel[grid](**row, **folds, split_width=t.split_width, min_p_ptr=sampling.min_p,
+                            min_p_mass_ptr=min_p_mass, parity=launch % 2, FOLD_BY_MASS=previous, BLOCK_V=t.block_v,
                             num_warps=t.num_warps)
         launch += 1
     _finish_kernel[(num_rows,)](
@@ -208,7 +208,8 @@ def _folded(
     splits = tl.arange(0, SPLITS_BLOCK)[:, None]
     pivot = tl.arange(0, NUM_PIVOTS)[None, :]
     mask = (splits < num_splits) & searching
-    base = pivots_ptr + ((before * num_rows + rows.to(tl.int64)) * num_splits + splits) * (_QUANTITIES * NUM_PIVOTS) + pivot
+    slot = (before * num_rows + rows.to(tl.int64)) * num_splits + splits
+    base = pivots_ptr + slot * (_QUANTITIES * NUM_PIVOTS) + pivot
     count = tl.sum(tl.load(base, mask=mask, other=0.0), axis=0)[None, :]
     mass = tl.sum(tl.load(base + NUM_PIVOTS, mask=mask, other=0.0), axis=0)[None, :]
     above = tl.min(tl.load(base + 2 * NUM_PIVOTS, mask=mask, other=float("inf")), axis=0)[None, :]
@@ -392,7 +393,6 @@ def _finish_kernel(
     vocab,
     search_steps,
     num_splits,
-    split_width,
     parity,
     IS_TARGET: tl.constexpr,
     HAS_CFG: tl.constexpr,
