@@ -1,6 +1,8 @@
 """Triton kernels of the verifier (docs/design.md, "Layout"). Imported only when the Triton backend is used.
 
     row_stats.py     per-row online softmax statistics, CFG, temperature, filters, p(x), argmax
+    split_rows.py    row_stats with each row split across programs (top-k / top-p, few rows)
+    rows.py          the statistics record, and a row's request and per-request scales
     threshold.py     top-k / top-p thresholds by a multi-pivot search over the row (no sort)
     chain.py         the acceptance chain and the final-row race, one kernel
     final_sample.py  the exponential race, and the combine of a race split across programs

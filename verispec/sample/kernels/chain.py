@@ -23,7 +23,7 @@ from ..types import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from . import tiles
 from .final_sample import finish_split_races, pack, race, winner
 from .pipeline import sampling_probs
-from .row_stats import RowStats
+from .rows import RowStats
 from .streams import ACCEPT, SAMPLE, exponential, stream, uniform
 
 DRAFT_ONE_HOT = tl.constexpr(0)

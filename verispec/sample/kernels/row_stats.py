@@ -11,14 +11,11 @@ enough to evaluate any p_v of the row later without a second full pass (pipeline
     argmax     of the guided logits (target rows), what greedy requests accept and emit;
     gathered   p(x) (target rows) or q(x) (draft logit rows) of the draft token x at the row.
 
-Target rows come K_b + 1 per request (drafts, then the bonus row); draft logit rows K_b per
-request. The request of a row is found by binary search over cu_num_draft_tokens, so the
-launch needs no index tensors.
+Rows come as rows.py says. When top-k or top-p filter and there are too few rows to fill the
+device, each row is split across many programs instead (split_rows.py), with the same outputs.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
@@ -27,17 +24,9 @@ import triton.language as tl
 from ..metadata import SamplingMetadata
 from . import tiles
 from .pipeline import kept, processed_tile, sampling_probs
+from .rows import RowStats, row_context
+from .split_rows import split_row_stats
 from .threshold import largest_threshold
-
-
-class RowStats(NamedTuple):
-    """Statistics of processed rows; see the module docstring."""
-
-    row_max: torch.Tensor  # [num_rows] float32
-    lse: torch.Tensor  # [num_rows] float32
-    threshold: torch.Tensor  # [num_rows] float32
-    argmax: torch.Tensor  # [num_rows] int32 (target rows; empty for draft rows)
-    gathered: torch.Tensor  # [num_draft_tokens] float32
 
 
 def row_stats(
@@ -62,6 +51,12 @@ def row_stats(
         gathered=tiles.empty(draft_token_ids.shape[0], torch.float32, device),
     )
     has_cfg = is_target and uncond_logits is not None and sampling.any_cfg
+    searches = filters and (sampling.any_top_k or sampling.any_top_p)
+    split = tiles.split_tiles(num_rows, vocab, device) if searches else None
+    if split is not None:
+        split_row_stats(logits, uncond_logits if has_cfg else None, draft_token_ids, cu_num_draft_tokens,
+                        sampling, is_target, split, stats)
+        return stats
     _row_stats_kernel[(triton.cdiv(num_rows, t.rows),)](
         logits,
         uncond_logits if has_cfg else logits,
@@ -98,30 +93,6 @@ def row_stats(
 
 
 @triton.jit
-def request_of_row(
-    rows,  # [ROWS] int32 row indices
-    cu_ptr,  # [batch_size + 1] cumulative draft counts
-    batch,
-    steps,  # >= ceil(log2(batch))
-    BONUS_ROW: tl.constexpr,  # 1 for target rows (K_b + 1 per request), 0 for draft rows (K_b)
-):
-    """[ROWS] int32: the request b whose rows [start(b), start(b + 1)) hold the row, where
-    start(b) = cu[b] + b * BONUS_ROW.
-
-    The largest b with start(b) <= row; requests with no rows share their start with the next
-    one, so the largest is the one that owns the row.
-    """
-    lo = tl.zeros_like(rows)
-    hi = tl.zeros_like(rows) + batch
-    for _ in range(steps):
-        mid = (lo + hi) // 2
-        start = tl.load(cu_ptr + mid).to(tl.int32) + mid * BONUS_ROW
-        lo = tl.where(start <= rows, mid, lo)
-        hi = tl.where(start <= rows, hi, mid)
-    return lo
-
-
-@triton.jit
 def _row_stats_kernel(
     logits_ptr,  # [num_rows, vocab_size]
     uncond_ptr,  # [num_rows, vocab_size] (HAS_CFG)
@@ -155,15 +126,8 @@ def _row_stats_kernel(
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < num_rows
-    req = request_of_row(rows, cu_ptr, batch, search_steps, IS_TARGET)
-    first_draft = tl.load(cu_ptr + req, mask=live, other=0)
-    num_draft = tl.load(cu_ptr + req + 1, mask=live, other=0) - first_draft
-    position = rows - first_draft - req * IS_TARGET
-    has_draft = live & (position < num_draft)
-    draft_index = first_draft + position
-    temperature = tl.load(temperature_ptr + req, mask=live, other=1.0)
-    temperature = tl.where(temperature > 0, temperature, 1.0)
-    gamma = tl.load(gamma_ptr + req, mask=live, other=1.0)
+    req, draft_index, has_draft, temperature, gamma = row_context(
+        rows, live, cu_ptr, temperature_ptr, gamma_ptr, batch, search_steps, IS_TARGET)
     row_offset = rows.to(tl.int64) * vocab
 
     # Pass 1: online max / sum of exponentials / min, and the argmax, in one read of the row.

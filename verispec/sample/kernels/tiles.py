@@ -4,7 +4,8 @@ On a GPU a program handles a tile of about 2K values (one row of a large vocabul
 many rows of a small one), and the final-row race is split across programs when there are too
 few requests to fill the machine. Under the Triton interpreter (TRITON_INTERPRET=1, every
 program run one after another in numpy) programs are costly and values cheap, so tiles are
-large and the race is not split. The mode is read when this module is imported, as triton.jit
+large and neither the race nor the rows' threshold searches are split (tests force splits to
+check that they change nothing). The mode is read when this module is imported, as triton.jit
 reads it when the kernels are defined.
 """
 
@@ -22,6 +23,12 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _TILE = 1 << 19 if INTERPRETED else 2048  # values per program tile
 _SEARCH_TILE = 1 << 20 if INTERPRETED else 4096  # values per tile of the pivot comparisons
 _NUM_PIVOTS = 2 if INTERPRETED else 8
+# A split row's search reads its partials back in every program, so more pivots per pass cost
+# little beside the fewer passes (launches) they buy: 64 pivots settle 6 bits a pass.
+_SPLIT_PIVOTS = 64
+# A row's search is dependent passes over the row on one program: even with enough rows to fill
+# the device, a program should own no more columns than this (128,256 split 8 ways).
+_SPLIT_COLUMNS = 16384
 _PROGRAMS_PER_SM = 2
 
 
@@ -42,12 +49,45 @@ class RequestTiles(NamedTuple):
     num_warps: int
 
 
+class SplitTiles(NamedTuple):
+    num_splits: int  # programs sharing one row
+    split_width: int  # columns per split, a multiple of block_v and search_block_v
+    block_v: int  # columns per chunk of the statistics pass
+    search_block_v: int  # columns per chunk of a threshold-search pass
+    num_pivots: int
+    max_passes: int  # search launches: threshold.py's bound on the passes
+    num_warps: int
+
+
 def row_tiles(num_rows: int, vocab: int) -> RowTiles:
     block_v = min(triton.next_power_of_2(vocab), _TILE)
     rows = min(_TILE // block_v, triton.next_power_of_2(max(num_rows, 1)))
     search_block_v = max(1, min(block_v, _SEARCH_TILE // (rows * _NUM_PIVOTS)))
     max_passes = math.ceil(32 / math.log2(_NUM_PIVOTS + 1)) + 1
     return RowTiles(rows, block_v, search_block_v, _NUM_PIVOTS, max_passes, _num_warps(rows * block_v))
+
+
+def split_tiles(num_rows: int, vocab: int, device: torch.device) -> SplitTiles | None:
+    """How to split rows whose top-k / top-p thresholds are searched, or None to keep one program
+    per row (a small vocabulary, or the interpreter)."""
+    if INTERPRETED or device.type != "cuda":
+        return None
+    wanted = _PROGRAMS_PER_SM * _num_sms(device.index)
+    block_v = min(triton.next_power_of_2(vocab), _TILE)
+    splits = min(triton.cdiv(vocab, block_v),
+                 max(triton.cdiv(vocab, _SPLIT_COLUMNS), wanted // max(num_rows, 1)))
+    if splits < 2:
+        return None
+    return split_shape(vocab, splits, block_v, _SPLIT_PIVOTS)
+
+
+def split_shape(vocab: int, splits: int, block_v: int, num_pivots: int) -> SplitTiles:
+    """`splits` programs per row (fewer when the columns run out), tiles of block_v columns."""
+    search_block_v = max(1, min(block_v, _SEARCH_TILE // num_pivots))
+    width = triton.cdiv(triton.cdiv(vocab, splits), block_v) * block_v
+    max_passes = math.ceil(32 / math.log2(num_pivots + 1)) + 1
+    return SplitTiles(triton.cdiv(vocab, width), width, block_v, search_block_v, num_pivots, max_passes,
+                      _num_warps(block_v))
 
 
 def request_tiles(batch: int, vocab: int, device: torch.device, racing: bool) -> RequestTiles:
