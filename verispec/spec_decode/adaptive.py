@@ -190,6 +190,9 @@ class AdaptiveK(_Gate):
                          checks=(("max_k", max_k, isinstance(max_k, int) and max_k >= 0),))
         self.max_k = max_k
         self._tables: dict[tuple[int, bool], list[int]] = {}
+        # Expected tokens per step at acceptance 0.00 .. 1.00 and k = 0 .. max_k: the tables'
+        # part that no cost changes, computed once (recalibrate rebuilds the tables often).
+        self._emitted = [[expected_emitted_tokens(i / 100, k) for k in range(max_k + 1)] for i in range(101)]
 
     def _forget_tables(self) -> None:
         self._tables = {key: table for key, table in self._tables.items() if key[1]}
@@ -202,13 +205,13 @@ class AdaptiveK(_Gate):
             row_cost, draft_cost = self._constants(declared)
             c, step = self._row_cost_at(batch_size, declared), 1 + batch_size * row_cost
             costs = [1 + c * k + draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
-            self._tables[key] = [self._best_k(i / 100, costs) for i in range(101)]
+            self._tables[key] = [self._best_k(emitted, costs) for emitted in self._emitted]
         return self._tables[key]
 
-    def _best_k(self, alpha: float, costs: list[float]) -> int:
-        """costs[k]: a step with k drafts per request, relative to one without (module docstring)."""
-        rates = [expected_emitted_tokens(alpha, k) / costs[k] for k in range(self.max_k + 1)]
-        return max(range(self.max_k + 1), key=lambda k: (rates[k], -k))
+    def _best_k(self, emitted: list[float], costs: list[float]) -> int:
+        """emitted[k]: the expected tokens of a step with k drafts; costs[k]: its cost, relative
+        to a step without (module docstring)."""
+        return max(range(self.max_k + 1), key=lambda k: (emitted[k] / costs[k], -k))
 
     def alpha(self, request_id: str) -> float:
         e = self._estimates.get(request_id, _Estimate())

@@ -30,6 +30,8 @@ class _Entry:
     def truncate(self, end: int) -> None:
         """Keeps positions < end."""
         keep = max(0, end - self.start)
+        if keep >= len(self.tokens):  # the usual case, a feed right after the stored positions
+            return
         del self.tokens[keep:]
         kept, total = [], 0
         for chunk in self.chunks:
