@@ -261,6 +261,8 @@ def test_sampled_trees_are_batch_invariant_and_greedy_requests_beside_them_stay_
 
     def run(batch):
         engine = _engine(target, _trained_drafter(kind), tree, adaptive=adaptive)
+        if adaptive:  # a 9-node tree probe waits ~27 steps by default: within these 24 tokens, every ~4
+            engine.adaptive.probe_interval = 1
         ids = [engine.add_request(p, params) for p, params in batch]
         done = run_all(engine)
         return [done[i].token_ids for i in ids], sum(o.stats.num_accepted_tokens for o in done.values())
