@@ -13,6 +13,7 @@ import pytest
 from tests.tiny import run_all, tiny_engine, tiny_model
 from verispec import SamplingParams
 from verispec.config import DraftCost
+from verispec.files import seal
 from verispec.spec_decode.adaptive import AdaptiveK
 from verispec.spec_decode.cost_cache import CostCache
 from verispec.spec_decode.cost_learner import CostLearner
@@ -118,14 +119,15 @@ def test_a_damaged_cache_is_ignored_with_a_logged_line(tmp_path, caplog, damage:
     else:
         saved = json.loads(path.read_text())
         entry = saved[cache.key]
-        if damage == "flip":  # one value changed, its checksum not
-            entry["values"]["row_cost"] = 0.066
+        if damage == "flip":  # one value changed, the file's checksum not
+            entry["row_cost"] = 0.066
         elif damage == "range":  # checksum right, value impossible
-            entry["values"]["row_cost"] = -1.0
-            entry["checksum"] = __import__("verispec.spec_decode.cost_cache", fromlist=["x"])._checksum(entry["values"])
+            entry["row_cost"] = -1.0
         else:
             entry["format"] = 999
         path.write_text(json.dumps(saved))
+        if damage != "flip":
+            seal(path)
     with caplog.at_level(logging.WARNING):
         assert cache.load() is None
     assert "cost cache" in caplog.text

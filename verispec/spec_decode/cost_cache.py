@@ -2,9 +2,9 @@
 drafter, in $VERISPEC_CACHE_DIR/step-costs.json, so that a new engine starts from what the last
 one on this machine learned rather than from constants measured on another CPU.
 
-Each entry carries a checksum of its content; an entry that is damaged, of another format or out
-of range is ignored with one logged line (the engine then starts from the declared constants),
-never an error. Writes go to a temporary name and are renamed (verispec.files.atomic_path).
+The file is sealed as every cache file is (verispec.files: a checksum beside it, written with it);
+a file that is not intact, or an entry of another format or out of range, is ignored with one
+logged line (the engine then starts from the declared constants), never an error.
 """
 
 from __future__ import annotations
@@ -15,16 +15,12 @@ import logging
 import math
 from pathlib import Path
 
-from ..files import atomic_path, cache_dir
+from ..files import atomic_path, cache_dir, intact
 from .step_costs import LearnedCosts
 
 _log = logging.getLogger(__name__)
 FORMAT = 1
 FILE_NAME = "step-costs.json"
-
-
-def _checksum(values: dict) -> str:
-    return hashlib.blake2b(json.dumps(values, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
 class CostCache:
@@ -36,10 +32,13 @@ class CostCache:
         self.path = path or cache_dir() / FILE_NAME
 
     def _read(self) -> dict:
+        if not self.path.is_file():
+            return {}
+        if not intact(self.path):
+            _log.warning("verispec: ignoring the cost cache %s: not the bytes written", self.path)
+            return {}
         try:
             saved = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
         except (OSError, ValueError) as error:
             _log.warning("verispec: ignoring the unreadable cost cache %s (%s)", self.path, error)
             return {}
@@ -51,11 +50,9 @@ class CostCache:
         if entry is None:
             return None
         try:
-            values = entry["values"]
-            if entry["format"] != FORMAT or entry["checksum"] != _checksum(values):
-                raise ValueError("its checksum or format does not match")
-            costs = LearnedCosts(float(values["row_cost"]), float(values["first_scale"]),
-                                 float(values["rest_scale"]))
+            if entry["format"] != FORMAT:
+                raise ValueError(f"format {entry['format']!r}, expected {FORMAT}")
+            costs = LearnedCosts(float(entry["row_cost"]), float(entry["first_scale"]), float(entry["rest_scale"]))
             if not (0 < costs.row_cost < 100 and all(0 <= s < 1000 and math.isfinite(s)
                                                      for s in (costs.first_scale, costs.rest_scale))):
                 raise ValueError(f"its values are out of range: {costs}")
@@ -66,11 +63,11 @@ class CostCache:
 
     def save(self, costs: LearnedCosts) -> None:
         """Replaces this key's entry; a cache that cannot be written is logged and skipped."""
-        values = {"row_cost": costs.row_cost, "first_scale": costs.first_scale, "rest_scale": costs.rest_scale}
         saved = self._read()
-        saved[self.key] = {"format": FORMAT, "values": values, "checksum": _checksum(values)}
+        saved[self.key] = {"format": FORMAT, "row_cost": costs.row_cost, "first_scale": costs.first_scale,
+                           "rest_scale": costs.rest_scale}
         try:
-            with atomic_path(self.path) as tmp:
+            with atomic_path(self.path, sealed=True) as tmp:
                 tmp.write_text(json.dumps(saved, indent=1))
         except OSError as error:
             _log.warning("verispec: could not save the learned step costs under %s (%s)", self.path, error)

@@ -112,7 +112,8 @@ class StepCosts:
         if a is None:
             return  # no pass seen yet: nothing to measure the call against
         f0, f1 = self._features(depth, num_requests)
-        predicted = a * (self.learned.first_scale * f0 + self.learned.rest_scale * f1)
+        learned = self.learned
+        predicted = a * (learned.first_scale * f0 + learned.rest_scale * f1)
         if predicted > 0:
             seconds = min(seconds, 1.5 * predicted)
         self._calls.add(f0, f1, seconds)
