@@ -159,16 +159,16 @@ def _follows(samples: torch.Tensor, probs: torch.Tensor) -> bool:
         return False
 
 
-def _random_batch(seed: int, vocab: int = 16, dtype: torch.dtype = torch.float32):
-    """Ragged K (0 included), random logits, draft probabilities and draft logits."""
+def _random_batch(seed: int, vocab: int = 16, dtype: torch.dtype = torch.float32,
+                  ks: tuple[int, ...] = (0, 1, 4, 2, 3, 5) * 4):
+    """Ragged K (0 included; `ks` per request), random logits, draft probabilities and draft logits."""
     g = torch.Generator().manual_seed(seed)
-    ks = [0, 1, 4, 2, 3, 5] * 4
     d, n = sum(ks), len(ks)
     return dict(
         target=(torch.randn(d + n, vocab, generator=g) * 2).to(dtype),
         uncond=(torch.randn(d + n, vocab, generator=g) * 2).to(dtype),
         ids=torch.randint(0, vocab, (d,), generator=g),
-        cu=torch.tensor([0] + ks).cumsum(0),
+        cu=torch.tensor([0, *ks]).cumsum(0),
         probs=torch.softmax(torch.randn(d, vocab, generator=g), -1),
         draft_logits=(torch.randn(d, vocab, generator=g) * 2).to(dtype),
         n=n,

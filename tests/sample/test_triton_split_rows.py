@@ -16,7 +16,7 @@ import torch
 from verispec import SamplingMetadata, SamplingParams
 from verispec.sample.processors import process_logits
 
-from .test_triton import DEVICE, MIXED_PARAMS, _both, _poison, needs_triton, on_device
+from .test_triton import DEVICE, MIXED_PARAMS, _both, _poison, _random_batch, needs_triton, on_device
 
 PARAMS = [
     SamplingParams(temperature=0.6, top_k=5),
@@ -29,20 +29,9 @@ PARAMS = [
 
 
 def _small_batch(seed: int, vocab: int, dtype: torch.dtype = torch.float32) -> dict:
-    """As test_triton's _random_batch with fewer requests: every split run is many launches, and
+    """test_triton's _random_batch with fewer requests: every split run is many launches, and
     the interpreter runs each program one after another."""
-    g = torch.Generator().manual_seed(seed)
-    ks = [0, 2, 1, 3, 1, 2]
-    d, n = sum(ks), len(ks)
-    return dict(
-        target=(torch.randn(d + n, vocab, generator=g) * 2).to(dtype),
-        uncond=(torch.randn(d + n, vocab, generator=g) * 2).to(dtype),
-        ids=torch.randint(0, vocab, (d,), generator=g),
-        cu=torch.tensor([0] + ks).cumsum(0),
-        probs=torch.softmax(torch.randn(d, vocab, generator=g), -1),
-        draft_logits=(torch.randn(d, vocab, generator=g) * 2).to(dtype),
-        n=n,
-    )
+    return _random_batch(seed, vocab, dtype, ks=(0, 2, 1, 3, 1, 2))
 
 
 def _force_split(monkeypatch: pytest.MonkeyPatch, splits: int, block_v: int = 8, num_pivots: int = 8,
