@@ -141,11 +141,16 @@ def test_a_seeded_answer_streams_marked_as_the_server_recorded_it(page, server) 
 def test_regenerate_draws_the_seeded_answer_again(page) -> None:
     _fill(page, **SEEDED)
     _send(page, PROMPT)
-    _finished(page)
+    assert _finished(page) == "done"
     first = page.execute_script(LAST_TOKENS)
-    page.execute_script("document.getElementById('regenerate').click()")
-    _wait(page, lambda: page.execute_script(LAST_STATE) == "streaming" or page.execute_script(LAST_TOKENS) == [])
-    _finished(page)
+    # The redrawn answer is a new element: waiting for it (not for a "streaming" state, which a
+    # short answer can pass between two polls) cannot miss it.
+    page.execute_script("window.firstAnswer = [...document.querySelectorAll('.message.assistant')].pop();"
+                        "document.getElementById('regenerate').click()")
+    _wait(page, lambda: page.execute_script(
+        "const a = [...document.querySelectorAll('.message.assistant')].pop();"
+        "return a !== undefined && a !== window.firstAnswer"))
+    assert _finished(page) == "done"
     assert page.execute_script("return document.querySelectorAll('.message.assistant').length") == 1
     assert [t[:3] for t in page.execute_script(LAST_TOKENS)] == [t[:3] for t in first]
 
