@@ -125,6 +125,10 @@ def test_a_quantized_model_is_cached_and_a_damaged_cache_rebuilt(tmp_path, monke
     (entry / "model.safetensors").write_bytes(b"not a model")
     assert torch.equal(load(), first)  # ignored, rebuilt and rewritten
     assert (entry / "model.safetensors").stat().st_size > 100
+    (entry / "model.safetensors").unlink()  # an entry as format 4 and older left it
+    (entry / "model.pt").write_bytes(b"a torch.save pickle")
+    assert torch.equal(load(), first)
+    assert not (entry / "model.pt").exists()
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
