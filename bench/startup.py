@@ -11,6 +11,8 @@ environment): an installed package has its modules compiled, and without it ever
 compile verispec's ~70 modules again (~0.08 s).
 
     python bench/startup.py --runs 7        # JSON to bench/results/startup.json
+    python bench/startup.py --threads 1     # verispec's commands on one thread: where other work
+                                            # shares the cores, OpenMP threads otherwise spin waiting
 """
 
 from __future__ import annotations
@@ -57,14 +59,14 @@ def _cpu_so_far(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15
 
 
-def serve_to_health() -> tuple[float, float, float]:
+def serve_to_health(flags: list[str]) -> tuple[float, float, float]:
     """(wall and CPU seconds from starting `verispec serve` to its first 200 on /health, its peak
     RSS MiB); it is stopped after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start = time.perf_counter()
-    proc = subprocess.Popen([str(BIN / "verispec"), "serve", "--port", str(port)],
+    proc = subprocess.Popen([str(BIN / "verispec"), "serve", "--port", str(port), *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     try:
         while True:
@@ -85,13 +87,15 @@ def serve_to_health() -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None, help="verispec's --threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/startup.json"))
     args = parser.parse_args()
+    flags = [] if args.threads is None else ["--threads", str(args.threads)]
     cases = {
         "python -c 'import torch'": lambda: run_to_exit([sys.executable, "-c", "import torch"]),
         "verispec generate 'Hi' --max-tokens 1": lambda: run_to_exit(
-            [str(BIN / "verispec"), "generate", "Hi", "--max-tokens", "1"]),
-        "verispec serve, until /health": serve_to_health,
+            [str(BIN / "verispec"), "generate", "Hi", "--max-tokens", "1", *flags]),
+        "verispec serve, until /health": lambda: serve_to_health(flags),
     }
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
     for case in cases.values():  # warm-up: fills the model cache, the bytecode and the page cache
@@ -111,7 +115,7 @@ def main() -> None:
                      "peak_rss_mib": rss, "runs": walls, "cpu_runs": [r[1] for r in measured]})
         table.row(name, wall, f"{min(walls):.2f}-{max(walls):.2f}", f"{wall - floor[0]:+.2f}", cpu,
                   f"{cpu - floor[1]:+.2f}", f"{rss:.0f}")
-    write_json(args.json, torch.device("cpu"), rows, runs=args.runs)
+    write_json(args.json, torch.device("cpu"), rows, runs=args.runs, verispec_threads=args.threads)
 
 
 if __name__ == "__main__":

@@ -128,17 +128,17 @@ def load(directory: Path) -> tuple[LlamaModel, Tokenizer] | None:
     if not (directory / MODEL_FILE).is_file():
         return None
     damaged = damaged_later([directory / name for name in (MODEL_FILE, *TOKENIZER_FILES)])
+    failure = None  # the message only: the exception's traceback would hold what _read had read
     try:
-        loaded: tuple[LlamaModel, Tokenizer] | None | Exception = _read(directory)
+        loaded = _read(directory)
     # A damaged or foreign file: whatever torch, safetensors, the config or the tokenizer raises.
     except Exception as error:  # noqa: BLE001
-        loaded = error
+        loaded, failure = None, str(error)
     names = [path.name for path in damaged()]
     if names:
         _log.warning("verispec: the cached quantized model in %s is damaged (%s: not the bytes written); "
                      "preparing it again", directory, ", ".join(names))
         return None
-    if isinstance(loaded, Exception):
-        _log.warning("verispec: ignoring the cached quantized model in %s (%s)", directory, loaded)
-        return None
+    if failure is not None:
+        _log.warning("verispec: ignoring the cached quantized model in %s (%s)", directory, failure)
     return loaded
