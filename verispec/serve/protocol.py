@@ -165,11 +165,11 @@ class ChatRequest(SamplingRequest):
 
 
 def sampling_params(request: CompletionRequest | ChatRequest, default_max_tokens: int | None,
-                    limits: StructuredOutputConfig) -> list[SamplingParams]:
+                    limits: StructuredOutputConfig, use: ToolUse | None = None) -> list[SamplingParams]:
     """SamplingParams of each of the request's n samples: a seeded request gives sample i the
     seed seed + i, so that the n samples differ and each is reproducible. Bad values raise
     APIError (400) naming the parameter; a structured-output field past `limits` is refused
-    before its grammar is built."""
+    before its grammar is built. `use`: a chat request's tool_use(), when already read."""
     max_name, max_tokens = "max_tokens", request.max_tokens
     logprobs: int | None
     if isinstance(request, ChatRequest):
@@ -195,7 +195,8 @@ def sampling_params(request: CompletionRequest | ChatRequest, default_max_tokens
     )
     structured, structured_name = _structured(request)
     given.update(structured)
-    use = request.tool_use() if isinstance(request, ChatRequest) else None
+    if use is None and isinstance(request, ChatRequest):
+        use = request.tool_use()
     if use is not None and use.active:
         given["grammar"], structured_name = tool_grammar(use), "tools"
     rename = {"max_tokens": max_name, "logprobs": _logprobs_name(request),

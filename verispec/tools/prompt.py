@@ -70,8 +70,7 @@ def render_tool_chat(tokenizer, messages: Sequence[Mapping], use: ToolUse | None
         return tokenizer.apply_chat_template([_native(m) for m in messages], add_generation_prompt, **variables)
     rendered = _default(messages)
     if tools:
-        preamble = DEFAULT_PREAMBLE.format(tools="\n".join(
-            json.dumps(t.as_openai()["function"], ensure_ascii=False) for t in tools))
+        preamble = DEFAULT_PREAMBLE.format(tools="\n".join(t.function_json() for t in tools))
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {"role": "system", "content": rendered[0]["content"] + "\n\n" + preamble}
         else:
