@@ -13,6 +13,7 @@ import time
 import httpx2
 import openai
 import pytest
+import torch
 
 from verispec import SamplingParams
 from verispec.structured.choice import choice_grammar
@@ -31,9 +32,18 @@ STALL_BOUND_S = 0.05  # the most a hostile request may delay another client's st
 @pytest.fixture(scope="module")
 def served(checkpoint):
     """(url, client) of a server of its own: the load these tests make would skew the step costs
-    the session's server learns (adaptive K), and with them other tests' drafting."""
-    with serving(make_llm(checkpoint), MODEL) as url:
-        yield url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    the session's server learns (adaptive K), and with them other tests' drafting. Its engine
+    computes on one torch thread, as `verispec serve --threads 1` would on a 2-core machine,
+    leaving a core to the work that prepares requests (and to this test's client): with torch's
+    parallel regions on every core, any work beside them makes a step wait for the thread the
+    OS set aside, and the stall test would measure that rather than the server's blocking."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with serving(make_llm(checkpoint), MODEL) as url:
+            yield url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

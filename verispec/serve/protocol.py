@@ -193,7 +193,7 @@ def sampling_params(request: CompletionRequest | ChatRequest, default_max_tokens
         repetition_penalty=request.repetition_penalty, guidance_scale=request.guidance_scale,
         negative_prompt=request.negative_prompt, logit_bias=bias,
     )
-    structured, structured_name = _structured(request)
+    structured, structured_name = _structured(request, limits)
     given.update(structured)
     if use is None and isinstance(request, ChatRequest):
         use = request.tool_use()
@@ -217,7 +217,8 @@ def sampling_params(request: CompletionRequest | ChatRequest, default_max_tokens
         raise invalid(error, rename=rename) from None
 
 
-def _structured(request: CompletionRequest | ChatRequest) -> tuple[dict[str, object], str]:
+def _structured(request: CompletionRequest | ChatRequest,
+                limits: StructuredOutputConfig) -> tuple[dict[str, object], str]:
     """The SamplingParams field of the request's structured output (at most one of
     response_format and the guided_* fields) and the request field it came from."""
     given = {name: getattr(request, name) for name in
@@ -241,7 +242,7 @@ def _structured(request: CompletionRequest | ChatRequest) -> tuple[dict[str, obj
         return {"json_schema": value.json_schema.schema_}, name
     if name == "guided_choice":
         try:
-            return {"grammar": choice_grammar(value)}, name
+            return {"grammar": choice_grammar(value, limits.max_grammar_bytes)}, name
         except ValueError as error:
             raise APIError(str(error), name) from None
     return {{"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar"}[name]: value}, name
