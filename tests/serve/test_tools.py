@@ -33,13 +33,19 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
+# The tiny vocabulary's first unused token spells "<tool_call>" here, as one token of Qwen's
+# vocabulary does: a logit bias on it makes the random model begin a call where it pleases.
+TOOL_CALL_TOKEN = tiny_vocab()[0].index("<unused0>")
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    """The serve tests' tiny checkpoint with a longer context: the default tool preamble is
-    about 900 of its (mostly one-character) tokens."""
+    """The serve tests' tiny checkpoint with a longer context (the default tool preamble is
+    about 900 of its mostly one-character tokens) and a "<tool_call>" token (TOOL_CALL_TOKEN)."""
     directory = tmp_path_factory.mktemp("tools-tiny")
     make_hf_tiny(tied=False, max_position_embeddings=2048).save_pretrained(directory)
     tokens, types, merges = tiny_vocab()
+    tokens[TOOL_CALL_TOKEN] = "<tool_call>"
     backend = build_bpe_tokenizer("llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
     Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
     return str(directory)
@@ -125,6 +131,34 @@ def test_auto_and_none(client) -> None:
     plain = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=40)
     assert none.choices[0].message.tool_calls is None
     assert none.choices[0].message.content == plain.choices[0].message.content  # no preamble, no grammar
+
+
+def test_auto_reads_and_constrains_a_call_the_model_begins(client, checkpoint, reference) -> None:
+    """A logit bias on the "<tool_call>" token makes the model begin a call, by itself, in auto
+    mode; from there the grammar holds it to the tools' schemas and the server reads the call
+    out: message.tool_calls and finish_reason "tool_calls", streamed and not, the same with and
+    without drafts, and valid in every seeded sampled answer."""
+    bias = {str(TOOL_CALL_TOKEN): 100}
+    kwargs = dict(messages=ASK, tools=TOOLS, temperature=0, max_tokens=120, parallel_tool_calls=False,
+                  logit_bias=bias)
+    reply = client.chat.completions.create(model=MODEL, **kwargs)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert len(_valid(message.tool_calls)) == 1
+    content, streamed, finish = _streamed(client, **kwargs)
+    assert content == "" and finish == "tool_calls"
+    assert streamed == [(c.function.name, c.function.arguments) for c in message.tool_calls]
+    params = SamplingParams(temperature=0, max_tokens=120, logit_bias={TOOL_CALL_TOKEN: 100})
+    plain = _llm(checkpoint, draft="none")
+    outs = [llm.chat(ASK, params, use_tqdm=False, tools=TOOLS, parallel_tool_calls=False)[0]
+            for llm in (plain, reference)]
+    assert outs[0].token_ids == outs[1].token_ids and outs[1].stats.num_draft_tokens > 0
+    assert [(c.name, c.arguments) for c in outs[0].tool_calls] == streamed
+    unbiased = client.chat.completions.create(model=MODEL, **kwargs | {"logit_bias": None})
+    assert unbiased.choices[0].message.tool_calls is None  # the random model alone writes text
+    sampled = client.chat.completions.create(model=MODEL, **kwargs | {"temperature": 1.0, "seed": 3, "n": 8})
+    for choice in sampled.choices:
+        assert choice.finish_reason == "tool_calls" and len(_valid(choice.message.tool_calls)) == 1
 
 
 def test_sampled_arguments_always_validate(client) -> None:
