@@ -108,14 +108,20 @@ def test_required_and_named_calls_streamed_and_not(client, choice) -> None:
 
 
 def test_parallel_calls(client) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                           temperature=1.0, seed=5, max_tokens=200, n=4)
+    """Seeded answers with one call or more, streamed and not: the streamed calls (indexed 0,
+    1, ...) are the whole answer's."""
     counts = []
-    for choice in reply.choices:
+    for seed in range(5, 9):
+        kwargs = dict(messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)
+        choice = client.chat.completions.create(model=MODEL, **kwargs).choices[0]
         calls = _valid(choice.message.tool_calls)
         counts.append(len(calls))
         # A parallel answer ends by itself or runs into max_tokens (a cut last call is left out).
         assert choice.finish_reason in ("tool_calls", "length") and calls
+        content, streamed, finish = _streamed(client, **kwargs)
+        assert content == "" and finish == choice.finish_reason
+        whole = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert streamed[:len(whole)] == whole and len(streamed) <= len(whole) + 1  # + a cut last one
     assert max(counts) > 1, counts  # with a random model, more than one call somewhere
 
 
@@ -216,6 +222,8 @@ def test_greedy_calls_are_the_same_with_and_without_drafts(client, checkpoint, r
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": json.loads(
         '{"type": "object", "properties": {"x": ' * 20 + '{}' + '}}' * 20)}}]), "tools[0].function.parameters",
      "max_schema_depth"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        f"p{i}": {"type": "string"} for i in range(12_000)}}}}]), "tools", "max_grammar_bytes"),
     (dict(tool_choice="required"), "tool_choice", "without tools"),
     (dict(tools=TOOLS, response_format={"type": "json_object"}), "tool_choice", "both set"),
     (dict(tools=TOOLS, messages=ASK + [{"role": "tool", "content": "3"}]), "messages[1].tool_call_id", "missing"),
