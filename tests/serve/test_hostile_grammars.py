@@ -2,7 +2,8 @@
 empty language and a grammar that exhausts the grammar engine's budget are 400s naming the field
 before generation (and ValueErrors offline); a grammar that dead-ends mid-generation ends its
 request with a 400 (streamed: an invalid_request_error event), never a 500; guided_choice takes
-10,000 choices; and a stream's chunks keep coming while hostile requests are checked."""
+10,000 choices; and hostile requests (tools among them) delay another client's stream by at most
+50 ms."""
 
 from __future__ import annotations
 
@@ -93,8 +94,8 @@ def test_ten_thousand_choices(client) -> None:
 
 
 def _hostile_bodies() -> list[tuple[str, bytes]]:
-    """(path, JSON body) of each hostile request: guided_choice lists of 10,000 choices (compiled:
-    seconds of grammar work) and 100,000 (2.3 MB, past max_grammar_bytes), grammars that
+    """(path, JSON body) of each hostile request: guided_choice lists of 10,000 choices (compiled
+    and run) and 100,000 (2.3 MB, past max_grammar_bytes), grammars that
     exhaust the engine's budget or allow nothing, tools whose parameter schema is past the size
     limit, and tools whose grammar is built (then the prompt, the tools in the default preamble,
     is refused as too long for the tiny model)."""
