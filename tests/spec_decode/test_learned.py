@@ -66,7 +66,7 @@ def _sampled_pairs(target, drafter: Drafter, params: SamplingParams, n: int, pro
     engine = _engine(target, drafter, k=3, max_seqs=1024)
     if holes:
         coin = random.Random(0)
-        engine._capture = lambda scheduled: coin.random() < 0.5
+        engine._feature_requests = lambda scheduled: None if coin.random() < 0.5 else set()
         first_hole, found = drafter.store.first_hole, []
         drafter.store.first_hole = lambda *args: found.append(first_hole(*args)) or found[-1]
     for i in range(n):

@@ -60,7 +60,7 @@ from ..runtime.runner import Feed, ModelRunner
 from .scheduler import ScheduledRequest, Scheduler
 from .tree import accepted_rows, feed_parents, path_move
 
-# Steps before a probe whose hidden states are kept for it (LLMEngine._capture): the head's
+# Steps before a probe whose hidden states are kept for it (LLMEngine._feature_requests): the head's
 # newest positions then hold true features, as when it drafts every step.
 FEATURE_LEAD = 4
 
@@ -404,8 +404,9 @@ class LLMEngine:
         if sampling and all(n <= 1 for p in scheduled for n in p.num_new):
             self._step_timing = (row, drafting)
         layers = self.drafter.hidden_layers if self.drafter is not None else ()
+        wanted = self._feature_requests(scheduled) if layers else set()
         hidden = None
-        if layers and self._capture(scheduled):
+        if wanted is None or wanted:
             logits, hidden = self.runner.forward_hidden(feeds, layers)
         else:
             logits = self.runner.forward(feeds)
@@ -420,6 +421,9 @@ class LLMEngine:
                 fed, index = accepted_rows(fed, {rid: len(drafts.of(rid)) for rid in results},
                                            {rid: v.path for rid, v in results.items()})
                 hidden = hidden[torch.tensor(index, device=hidden.device)]
+            if wanted is not None:  # a batch-invariant request's features are its own choice alone
+                invariant = {p.request.request_id for p in scheduled if p.request.batch_invariant}
+                fed = [f for f in fed if f.request_id in wanted or f.request_id not in invariant]
             self.drafter.observe(fed, hidden)
         emitted: list[_Emitted | None] = []
         for p in scheduled:
@@ -462,24 +466,28 @@ class LLMEngine:
     def _holes_allowed(self, request: Request) -> bool:
         return self.drafter.drafts_over_holes and not request.batch_invariant
 
-    def _capture(self, scheduled: list[ScheduledRequest]) -> bool:
-        """Whether this pass captures the hidden states the drafter reads. A drafter that drafts
-        over holes gets them only for what it may read soon: prompts (a request's context), a
-        request that drafts this step (and likely the next), one whose probe is at most
-        FEATURE_LEAD steps away, and every batch-invariant request; a step of requests at K = 0
-        (a drafter that does not pay on this text) then runs the target's plain pass."""
+    def _feature_requests(self, scheduled: list[ScheduledRequest]) -> set[str] | None:
+        """The requests whose hidden states this pass captures for the drafter (None: every
+        one's). A drafter that drafts over holes gets them only where it may read them soon:
+        prompts (a request's context), a request that drafts this step (and likely the next),
+        one whose probe is at most FEATURE_LEAD steps away; a step of requests at K = 0 (a
+        drafter that does not pay on this text) then runs the target's plain pass. A
+        batch-invariant request decides from its own K and probe schedule alone, and keeps only
+        the features it chose (`_execute`), so that its drafts never depend on the batch."""
         if self.adaptive is None or not self.drafter.drafts_over_holes:
-            return True
+            return None
         batch = len(self.scheduler.running)
+        wanted = set()
         for p in scheduled:
             request = p.request
             if request.max_speculative_tokens == 0:
                 continue
-            if not self._holes_allowed(request) or not p.samples or max(p.num_new) > 1 \
-                    or request.num_speculative_tokens > 0 \
-                    or self.adaptive.probes_within(request.request_id, batch, self._steps + 1, FEATURE_LEAD):
-                return True
-        return False
+            soon = self.adaptive.probes_within(request.request_id, FEATURE_LEAD, declared=True) \
+                if request.batch_invariant else \
+                self.adaptive.probes_within(request.request_id, FEATURE_LEAD, batch, self._steps + 1)
+            if soon or not p.samples or max(p.num_new) > 1 or request.num_speculative_tokens > 0:
+                wanted.add(request.request_id)
+        return wanted
 
     def _next_k(self, request: Request) -> int:
         cap = request.max_speculative_tokens

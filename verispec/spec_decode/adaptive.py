@@ -180,13 +180,16 @@ class _Gate(ABC):
                 return self.probe_size
         return k
 
-    def probes_within(self, request_id: str, batch_size: int, engine_step: int, steps: int) -> bool:
-        """Whether a request at K = 0 probes on one of the engine steps engine_step ..
-        engine_step + steps - 1 (num_draft_tokens's engine_step schedule), so that whatever a
-        probe needs from the steps before it (the hidden states a learned drafter reads) can be
-        kept from those steps alone."""
+    def probes_within(self, request_id: str, steps: int, batch_size: int = 1,
+                      engine_step: int | None = None, declared: bool = False) -> bool:
+        """Whether a request at K = 0 probes within the next `steps` calls of num_draft_tokens
+        with these arguments (engine_step: that of the first), so that what a probe needs from
+        the steps before it (the hidden states a learned drafter reads) can be kept from those
+        steps alone."""
         e = self._estimates.get(request_id, _Estimate())
-        interval = self.probe_interval_at(max(1, batch_size)) * e.backoff
+        interval = self.probe_interval_at(max(1, batch_size), declared) * e.backoff
+        if engine_step is None:
+            return e.idle_steps + steps >= interval
         return (-engine_step) % interval < steps
 
     def probing(self, request_id: str) -> bool:
