@@ -57,6 +57,7 @@ from ..runtime.kv_cache import BlockManager
 from ..runtime.prefix_cache import identity_key
 from .request import FinishReason, Request
 from ..runtime.runner import Feed, ModelRunner
+from ..runtime.static_step import StaticShapes
 from .scheduler import ScheduledRequest, Scheduler
 from .tree import accepted_rows, feed_parents, path_move
 
@@ -185,7 +186,7 @@ class LLMEngine:
                                    window=window)
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
                                    lambda r: drafter.restorable_prefix(r.request_id, r.all_token_ids()))
-        self.runner = ModelRunner(model, self.blocks)
+        self.runner = ModelRunner(model, self.blocks, *_static_shapes(config, model))
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = set(model.config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -658,6 +659,21 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
             new_step=step,
         )
+
+
+def _static_shapes(config: EngineConfig, model: LlamaModel) -> tuple[StaticShapes | None, bool]:
+    """The target runner's padded-step shapes (None: the ordinary step) and whether it replays
+    them as CUDA graphs (EngineConfig.static_step, enforce_eager)."""
+    cuda = model.device.type == "cuda"
+    if not (cuda if config.static_step is None else config.static_step):
+        return None, False
+    spec = config.speculative
+    # Tree steps run the ordinary way; a chain step feeds the pending token and K drafts.
+    rows = spec.num_speculative_tokens + 1 if spec.enabled and spec.tree is None else 1
+    # A CFG request feeds two sequences.
+    shapes = StaticShapes.covering(2 * config.max_num_seqs, rows, config.max_model_len + rows,
+                                   config.cache.block_size)
+    return shapes, cuda and not config.enforce_eager
 
 
 def _grammar_cut(requests: list[DraftRequest], batch: DraftBatch) -> DraftBatch:

@@ -34,6 +34,13 @@ exactly 0, so results are bit for bit those with the blocks kept). Scores may be
 other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma 2); SDPA has no soft
 cap, so capped attention runs as explicit products and a softmax.
 
+A step whose shapes are fixed per bucket (runtime/static_step.py: decode and verify rows padded to
+a bucket of sequences x rows, replayable as a CUDA graph) describes its rows on the device instead
+(RowLayout): each row's block-table row and how many positions it sees. Its plan is built from
+those tensors alone, with no host-side lengths, and every row is attended row by row
+(verispec.model.row_attention: the compiled kernel on the CPU, a Triton kernel on CUDA), reading
+the block table on the device rather than gathering blocks into tensors of the step's own size.
+
 With `rowwise` (quantized models, whose int8 activations magnify any difference, and CPU
 float32 models), every sequence is attended by the compiled row-by-row kernel instead
 (verispec.cpu_kernels, csrc/attention.h), float32 models' long prefill chunks excepted
@@ -57,10 +64,23 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from verispec.model.quant.kernels import compiled_kernels
+from verispec.model.row_attention import attend_rows
 
 # Above this many new tokens a sequence is attended on its own (see the module docstring).
 MAX_PADDED_QUERY_LEN = 16
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Every new token of a chain step as a row on the device (module docstring): it reads row
+    row_seq of the block table and attends positions 0 .. row_visible - 1 (a row at position p:
+    p + 1; its own key is written first). Padding rows point at a block-table row of reserved
+    blocks and see 1 position, which nothing else reads."""
+
+    row_seq: torch.Tensor  # [T] int64
+    row_visible: torch.Tensor  # [T] int64
+    zeros: torch.Tensor  # [T] int64, all 0 (the plan's row_tree_start: chains have no tree rows)
+    no_tree: torch.Tensor  # [T, 0] bool
 
 
 @dataclass
@@ -80,8 +100,12 @@ class AttentionMetadata:
     seq_lens_list: list[int] | None = field(default=None)
     # Per sequence, the parents of its new rows (module docstring: tree), or None for a chain.
     trees: list[list[int] | None] | None = field(default=None)
+    # The rows on the device (a fixed-shape step); then the lists are not read and stay None.
+    rows: RowLayout | None = field(default=None)
 
     def __post_init__(self) -> None:
+        if self.rows is not None:
+            return
         if self.query_lens_list is None:
             self.query_lens_list = torch.diff(self.query_start_loc).tolist()
         if self.seq_lens_list is None:
@@ -243,12 +267,17 @@ class AttentionPlan:
         (None: no limit) and MAX_PADDED_QUERY_LEN, attended on their own; window: a sliding
         window (module docstring)."""
         device = attn.slot_mapping.device
+        self.slot_mapping = attn.slot_mapping
+        self.singles: list[_Single] = []
+        self.padded = None
+        self.widen_padded = False
+        if attn.rows is not None:
+            self.rows = self._device_rows(attn.block_tables, attn.rows, window)
+            return
         query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        self.slot_mapping = attn.slot_mapping
-        self.singles: list[_Single] = []
         short: list[int] = []
         trees = attn.trees or [None] * len(query_lens)
         for b, (n, s, parents) in enumerate(zip(query_lens, seq_lens, trees)):
@@ -268,6 +297,13 @@ class AttentionPlan:
             if short and self.rows is None else None
         self.widen_padded = widen_decode and self.padded is not None \
             and self.padded.max_query_len == 1
+
+    @staticmethod
+    def _device_rows(block_tables: torch.Tensor, layout: RowLayout, window: int | None) -> _Rows:
+        # A chain row at p sees p + 1 positions; its window keeps those > p - window.
+        first = layout.zeros if window is None else (layout.row_visible - window).clamp_min(0)
+        return _Rows(None, block_tables, layout.row_seq, first, layout.row_visible, layout.zeros,
+                     layout.no_tree)
 
     @staticmethod
     def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int],
@@ -365,10 +401,9 @@ def paged_attention(
     if plan.rows is not None:
         rows = plan.rows
         queries = q if rows.rows is None else q.index_select(0, rows.rows)
-        out = compiled_kernels().paged_attention_rows(
-            queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_first, rows.row_visible,
-            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5 if scale is None else scale,
-            0.0 if softcap is None else softcap)
+        out = attend_rows(queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_first,
+                          rows.row_visible, rows.row_tree_start, rows.tree_mask,
+                          head_dim ** -0.5 if scale is None else scale, softcap)
         if rows.rows is None:
             return out
         result = q.new_empty(num_tokens, num_heads * head_dim)
