@@ -79,8 +79,8 @@ class StaticInputs:
     """The persistent buffers of padded steps on `device`, over a cache of `block_size` slots a
     block whose reserved block is `reserved_block`."""
 
-    # Per-row segments of the row buffer, each max_seqs * max_rows long, then seq_lens.
-    _SEGMENTS = ("input_ids", "positions", "slots", "row_seq", "visible", "real")
+    # The row buffer: these segments, each max_seqs * max_rows long, then seq_lens [max_seqs].
+    SEGMENTS = ("input_ids", "positions", "slots", "row_seq", "visible", "real")
 
     def __init__(self, device: torch.device, shapes: StaticShapes, block_size: int,
                  reserved_block: int) -> None:
@@ -89,7 +89,7 @@ class StaticInputs:
         seqs, width = shapes.max_seqs, shapes.max_blocks
         self.capacity = seqs * shapes.max_rows
         pinned = device.type == "cuda"
-        rows_len = len(self._SEGMENTS) * self.capacity + seqs
+        rows_len = len(self.SEGMENTS) * self.capacity + seqs
         self.host_rows = torch.zeros(rows_len, dtype=torch.int64, pin_memory=pinned)
         # Row `seqs` of the tables is the padding rows' all-reserved row, written once.
         self.host_tables = torch.full(((seqs + 1) * width,), reserved_block, dtype=torch.int64,
@@ -101,8 +101,8 @@ class StaticInputs:
         self.every_row = torch.arange(self.capacity, dtype=torch.int64, device=device)
         self._starts: dict[StepShape, torch.Tensor] = {}
 
-    def _segment(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
-        i = self._SEGMENTS.index(name)
+    def segment(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
+        i = self.SEGMENTS.index(name)
         return buffer[i * self.capacity : (i + 1) * self.capacity]
 
     def prepare(
@@ -145,10 +145,10 @@ class StaticInputs:
             "visible": np.where(real, position + 1, 1),
         }
         for name, value in values.items():
-            self._segment(host, name)[:size] = value.reshape(-1)
+            self.segment(host, name)[:size] = value.reshape(-1)
         found = np.flatnonzero(real)
-        self._segment(host, "real")[: len(found)] = found
-        host[len(self._SEGMENTS) * self.capacity :][:count] = np.asarray(starts) + lengths
+        self.segment(host, "real")[: len(found)] = found
+        host[len(self.SEGMENTS) * self.capacity :][:count] = np.asarray(starts) + lengths
         self.rows.copy_(self.host_rows, non_blocking=True)
         self.tables.view(-1)[: count * width].copy_(self.host_tables[: count * width], non_blocking=True)
         return self._step(shape, len(found))
@@ -157,9 +157,9 @@ class StaticInputs:
         size = shape.num_seqs * shape.rows
         if shape not in self._starts:
             self._starts[shape] = torch.arange(0, size + 1, shape.rows, dtype=torch.int64, device=self.device)
-        view = {name: self._segment(self.rows, name)[:size] for name in self._SEGMENTS}
-        seq_lens = self.rows[len(self._SEGMENTS) * self.capacity :][: shape.num_seqs]
+        view = {name: self.segment(self.rows, name)[:size] for name in self.SEGMENTS}
+        seq_lens = self.rows[len(self.SEGMENTS) * self.capacity :][: shape.num_seqs]
         layout = RowLayout(view["row_seq"], view["visible"], self.zeros[:size], self.no_tree[:size])
         attn = AttentionMetadata(self._starts[shape], seq_lens, view["slots"], self.tables, rows=layout)
         return StaticStep(shape, view["input_ids"], view["positions"], attn, self.every_row[:size],
-                          self._segment(self.rows, "real")[:num_real])
+                          self.segment(self.rows, "real")[:num_real])
