@@ -29,6 +29,11 @@ class StepGraphs:
         self._pool: tuple | None = None
         self.failed = False
 
+    @property
+    def num_graphs(self) -> int:
+        """Graphs recorded so far (one per step shape and hidden layers seen)."""
+        return len(self._graphs)
+
     def run(self, key: Hashable, forward: Callable[[], Outputs]) -> Outputs:
         """forward()'s outputs, by replaying the graph recorded for `key` (recorded now if new)."""
         if self.failed:
