@@ -42,6 +42,7 @@ from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..model.product_choice import machine_key
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.greedy import greedy_chains, plain_greedy
+from ..sample.metadata import MetadataBuffers
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
@@ -187,6 +188,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
                                    lambda r: drafter.restorable_prefix(r.request_id, r.all_token_ids()))
         self.runner = ModelRunner(model, self.blocks, *_static_shapes(config, model))
+        # Padded steps keep the sampler's per-step tensors in buffers too (sample/metadata.py).
+        self._metadata_buffers = MetadataBuffers(model.device) if self.runner.static is not None else None
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = set(model.config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -536,6 +539,7 @@ class LLMEngine:
             device=device,
             prompt_token_ids=[p.request.prompt_token_ids for p in sampling],
             output_token_ids=[p.request.output_token_ids for p in sampling],
+            buffers=self._metadata_buffers,
         )
         # Without CFG every logits row is a target row: no copy of [rows, V].
         target = logits if len(target_rows) == logits.shape[0] \
