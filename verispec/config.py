@@ -276,7 +276,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
-        _require(self.static_step in (None, True, False), "static_step", self.static_step, "True, False or None")
+        _require(self.static_step is None or isinstance(self.static_step, bool), "static_step", self.static_step, "True, False or None")
         _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "True or False")
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("max_model_len", self.max_model_len)
