@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.model.row_attention import attend_rows
+from verispec.model.row_plan import RowPlan
 
 # Above this many new tokens a sequence is attended on its own (see the module docstring).
 MAX_PADDED_QUERY_LEN = 16
@@ -224,26 +225,6 @@ class _PaddedGroup:
 
 
 @dataclass
-class _Rows:
-    """The new tokens attended by the row-by-row kernel (module docstring)."""
-
-    rows: torch.Tensor | None  # [R] int64 their new-token rows; None: all T rows, in order
-    block_tables: torch.Tensor  # [B, max_blocks] int64
-    row_seq: torch.Tensor  # [R] int64 row -> its block table row
-    row_first: torch.Tensor  # [R] int64 first position attended (> 0 under a sliding window)
-    row_visible: torch.Tensor  # [R] int64 positions row_first .. row_visible - 1 attended
-    row_tree_start: torch.Tensor  # [R] int64 first new position of a tree row's sequence
-    tree_mask: torch.Tensor  # [R, max_new] bool new positions a tree row attends (0 columns: none)
-
-    def tensors(self) -> list[torch.Tensor]:
-        """The plan as the compiled decoder layers take it (every new token a row, in order)."""
-        if self.rows is not None:
-            raise ValueError("the compiled layers attend every new token row by row")
-        return [t.contiguous() for t in (self.block_tables, self.row_seq, self.row_first,
-                                         self.row_visible, self.row_tree_start, self.tree_mask)]
-
-
-@dataclass
 class _Single:
     """One long sequence (a prefill chunk), attended on its own."""
 
@@ -299,15 +280,15 @@ class AttentionPlan:
             and self.padded.max_query_len == 1
 
     @staticmethod
-    def _device_rows(block_tables: torch.Tensor, layout: RowLayout, window: int | None) -> _Rows:
+    def _device_rows(block_tables: torch.Tensor, layout: RowLayout, window: int | None) -> RowPlan:
         # A chain row at p sees p + 1 positions; its window keeps those > p - window.
         first = layout.zeros if window is None else (layout.row_visible - window).clamp_min(0)
-        return _Rows(None, block_tables, layout.row_seq, first, layout.row_visible, layout.zeros,
+        return RowPlan(None, block_tables, layout.row_seq, first, layout.row_visible, layout.zeros,
                      layout.no_tree)
 
     @staticmethod
     def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int],
-                   window: int | None) -> _Rows:
+                   window: int | None) -> RowPlan:
         device = attn.slot_mapping.device
         trees = attn.trees or [None] * len(attn.query_lens_list)
         tree_width = max((attn.query_lens_list[b] for b in seqs if trees[b] is not None),
@@ -334,7 +315,7 @@ class AttentionPlan:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
         everything = len(rows) == len(attn.slot_mapping)
-        return _Rows(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
+        return RowPlan(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
                      tensor(first), tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
 
     @staticmethod
@@ -401,9 +382,7 @@ def paged_attention(
     if plan.rows is not None:
         rows = plan.rows
         queries = q if rows.rows is None else q.index_select(0, rows.rows)
-        out = attend_rows(queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_first,
-                          rows.row_visible, rows.row_tree_start, rows.tree_mask,
-                          head_dim ** -0.5 if scale is None else scale, softcap)
+        out = attend_rows(queries, kv_cache, rows, head_dim ** -0.5 if scale is None else scale, softcap)
         if rows.rows is None:
             return out
         result = q.new_empty(num_tokens, num_heads * head_dim)

@@ -17,17 +17,13 @@ from functools import cache
 import torch
 
 from verispec.model.quant.kernels import compiled_kernels
+from verispec.model.row_plan import RowPlan
 
 
 def attend_rows(
     q: torch.Tensor,  # [R, num_heads, head_dim], rotary applied
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [B, max_blocks] int64
-    row_seq: torch.Tensor,  # [R] int64
-    row_first: torch.Tensor,  # [R] int64
-    row_visible: torch.Tensor,  # [R] int64
-    row_tree_start: torch.Tensor,  # [R] int64
-    tree_mask: torch.Tensor,  # [R, max_new] bool
+    plan: RowPlan,
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:  # [R, num_heads * head_dim] in q's dtype
@@ -36,15 +32,13 @@ def attend_rows(
         else "torch"
     if backend == "compiled":
         return compiled_kernels().paged_attention_rows(
-            q, kv_cache, block_tables, row_seq, row_first, row_visible, row_tree_start, tree_mask,
-            scale, 0.0 if softcap is None else softcap)
-    if backend == "triton" and tree_mask.shape[1] == 0:
+            q, kv_cache, plan.block_tables, plan.row_seq, plan.row_first, plan.row_visible,
+            plan.row_tree_start, plan.tree_mask, scale, 0.0 if softcap is None else softcap)
+    if backend == "triton" and plan.tree_mask.shape[1] == 0:
         from verispec.model.triton_attention import attend_rows_triton
 
-        return attend_rows_triton(q, kv_cache, block_tables, row_seq, row_first, row_visible, scale,
-                                  softcap)
-    return attend_rows_torch(q, kv_cache, block_tables, row_seq, row_first, row_visible,
-                             row_tree_start, tree_mask, scale, softcap)
+        return attend_rows_triton(q, kv_cache, plan, scale, softcap)
+    return attend_rows_torch(q, kv_cache, plan, scale, softcap)
 
 
 @cache
@@ -59,12 +53,7 @@ def backend_for(device_type: str) -> str:
 def attend_rows_torch(
     q: torch.Tensor,  # [R, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [B, max_blocks] int64
-    row_seq: torch.Tensor,  # [R] int64
-    row_first: torch.Tensor,  # [R] int64
-    row_visible: torch.Tensor,  # [R] int64
-    row_tree_start: torch.Tensor,  # [R] int64
-    tree_mask: torch.Tensor,  # [R, max_new] bool
+    plan: RowPlan,
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:  # [R, num_heads * head_dim]
@@ -73,14 +62,15 @@ def attend_rows_torch(
     leak through a zero weight; scores and softmax in float32."""
     rows, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
-    width = block_tables.shape[1] * block_size
+    width = plan.block_tables.shape[1] * block_size
     positions = torch.arange(width, device=q.device)
-    seen = (positions >= row_first[:, None]) & (positions < row_visible[:, None])  # [R, S]
+    seen = (positions >= plan.row_first[:, None]) & (positions < plan.row_visible[:, None])  # [R, S]
+    tree_mask = plan.tree_mask
     if tree_mask.shape[1]:
-        offset = positions[None, :] - row_tree_start[:, None]
+        offset = positions[None, :] - plan.row_tree_start[:, None]
         inside = (offset >= 0) & (offset < tree_mask.shape[1])
         seen |= inside & tree_mask.gather(1, offset.clamp(0, tree_mask.shape[1] - 1))
-    tables = block_tables.index_select(0, row_seq)  # [R, max_blocks]
+    tables = plan.block_tables.index_select(0, plan.row_seq)  # [R, max_blocks]
     slots = tables.repeat_interleave(block_size, dim=1) * block_size + positions % block_size
     slots = torch.where(seen, slots, torch.zeros_like(slots))
     flat = kv_cache.view(2, num_blocks * block_size, kv_heads, head_dim)

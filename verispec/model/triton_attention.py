@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from verispec.model.row_plan import RowPlan
+
 BLOCK_N = 32
 
 
@@ -73,23 +75,22 @@ def _rows_kernel(
 def attend_rows_triton(
     q: torch.Tensor,  # [R, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [B, max_blocks] int64
-    row_seq: torch.Tensor,  # [R] int64
-    row_first: torch.Tensor,  # [R] int64
-    row_visible: torch.Tensor,  # [R] int64
+    plan: RowPlan,
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:  # [R, num_heads * head_dim] in q's dtype
-    """Chain rows only (model/row_attention.py: attend_rows); every row sees at least one position."""
+    """Chain rows only (the plan's tree_mask has no columns); every row sees at least one
+    position."""
     rows, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
+    block_tables = plan.block_tables
     if not (kv_cache.is_contiguous() and block_tables.is_contiguous()):
         raise ValueError("kv_cache and block_tables must be contiguous")
     out = q.new_empty(rows, heads * head_dim)
     if rows == 0:
         return out
     _rows_kernel[(rows, heads)](
-        q, kv_cache, block_tables, row_seq, row_first, row_visible, out,
+        q, kv_cache, block_tables, plan.row_seq, plan.row_first, plan.row_visible, out,
         q.stride(0), q.stride(1), num_blocks * block_size * kv_heads * head_dim, block_tables.stride(0),
         scale, 1.0 if softcap is None else softcap,
         KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
