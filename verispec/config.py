@@ -260,9 +260,11 @@ class EngineConfig:
     structured: limits and cache of structured-output grammars (StructuredOutputConfig).
     static_step: run decode and verify steps padded to fixed shapes over persistent buffers
         (runtime/static_step.py); None: on CUDA only (on the CPU the ordinary step is as fast,
-        and the CPU tests run both). Output is the same either way.
+        and the CPU tests run both). Exactness is the same either way; on a GPU the products of
+        a padded step may round as those of another batch size do.
     enforce_eager: with the static step on CUDA, False replays its steps as CUDA graphs
-        (runtime/cuda_graphs.py); True runs every kernel eagerly (vLLM's name).
+        (runtime/cuda_graphs.py); True runs every kernel eagerly (vLLM's name). A replayed step
+        gives the eager step's logits bit for bit.
     """
 
     max_num_seqs: int = 64
