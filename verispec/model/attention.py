@@ -284,7 +284,7 @@ class AttentionPlan:
         # A chain row at p sees p + 1 positions; its window keeps those > p - window.
         first = layout.zeros if window is None else (layout.row_visible - window).clamp_min(0)
         return RowPlan(None, block_tables, layout.row_seq, first, layout.row_visible, layout.zeros,
-                     layout.no_tree)
+                       layout.no_tree)
 
     @staticmethod
     def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int],
@@ -316,7 +316,7 @@ class AttentionPlan:
 
         everything = len(rows) == len(attn.slot_mapping)
         return RowPlan(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
-                     tensor(first), tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
+                       tensor(first), tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
 
     @staticmethod
     def _plan_padded(attn: AttentionMetadata, seqs: list[int], starts: list[int],
