@@ -40,7 +40,13 @@ class StepGraphs:
             return forward()
         entry = self._graphs.get(key)
         if entry is None:
-            warm = forward()
+            # Warmed up on a side stream, as torch advises before a capture (lazy handles and
+            # workspaces are made there, not inside the graph).
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                warm = forward()
+            torch.cuda.current_stream().wait_stream(side)
             try:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
