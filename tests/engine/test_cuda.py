@@ -10,6 +10,7 @@ and seeded output are identical, with every drafter; the padded step equals the 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,17 @@ def test_a_seeded_request_is_batch_invariant_on_the_gpu(checkpoints, name: str) 
     batch = llm.generate(PROMPTS, [SEEDED, others, others, others], use_tqdm=False)
     assert batch[0].token_ids == alone
     assert all(0 <= t < 16 for o in batch for t in o.token_ids)
+
+
+def test_a_failed_capture_logs_one_line_and_runs_eagerly(checkpoints, monkeypatch, caplog) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("no capture here")
+
+    setup = _setups(checkpoints)["ngram"]
+    expected = _ids(_llm(checkpoints, "cuda", "bfloat16", enforce_eager=True, **setup), GREEDY)
+    monkeypatch.setattr(torch.cuda, "graph", broken)
+    llm = _llm(checkpoints, "cuda", "bfloat16", **setup)
+    with caplog.at_level(logging.WARNING, logger="verispec.runtime.cuda_graphs"):
+        assert _ids(llm, GREEDY) == expected
+    assert llm.engine.runner.graphs.failed and llm.engine.runner.graphs.num_graphs == 0
+    assert [r.getMessage().count("no capture here") for r in caplog.records] == [1]
