@@ -1,7 +1,7 @@
 """Decode and verify steps padded to fixed shapes over persistent buffers (runtime/static_step.py),
 run eagerly on the CPU: the engine emits the same tokens, drafts and acceptances as with the
 ordinary step, greedy (token for token) and seeded (draw for draw), with no drafter, n-gram, a
-draft model and EAGLE, CFG, a sliding window and 4-bit weights, and with the row
+draft model and EAGLE, chains and trees, CFG, a sliding window and 4-bit weights, and with the row
 attention's torch reference in place of the compiled kernel.
 
 Poisoned runs prove padding and stale lanes are never read: before each padded step the reserved
@@ -44,6 +44,7 @@ def _target(kind: str):
 
 
 def _drafter(kind: str, model):
+    kind = kind.removesuffix(" tree")
     if kind == "ngram":
         return NgramDrafter(1, 3, K)
     if kind == "draft model":
@@ -58,9 +59,12 @@ def _run(target: str, drafter: str, params: SamplingParams, static: bool, poison
          monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list, int]:
     """Per prompt (tokens, drafts, accepted drafts), and how many steps ran padded."""
     model = _target(target)
-    # 4-bit rows cost the adaptive K too much on a tiny model: K stays fixed there.
+    # 4-bit rows cost the adaptive K too much on a tiny model, and trees are drafted whole or not
+    # at all: K and trees stay fixed there, so that every step verifies drafts.
+    tree = drafter.endswith(" tree")
     engine = tiny_engine(model, _drafter(drafter, model), k=K if drafter != "none" else 0, max_seqs=8,
-                         static_step=static, adaptive=target != "int4")
+                         static_step=static, adaptive=target != "int4" and not tree,
+                         tree=(2, 2) if tree else None)
     padded = []
     prepare = StaticInputs.prepare
 
@@ -104,7 +108,8 @@ def _poison(engine, inputs: StaticInputs, step: static_step.StaticStep, num_seqs
 
 
 SETUPS = [("plain", "none"), ("plain", "ngram"), ("plain", "draft model"), ("plain", "eagle"),
-          ("window", "ngram"), ("int4", "ngram")]
+          ("plain", "ngram tree"), ("plain", "eagle tree"), ("window", "ngram"), ("window", "eagle tree"),
+          ("int4", "ngram")]
 
 
 @pytest.mark.parametrize("target,drafter", SETUPS, ids=[f"{t}-{d}" for t, d in SETUPS])
@@ -119,7 +124,7 @@ def test_the_padded_step_emits_what_the_ordinary_step_emits(monkeypatch: pytest.
         assert sum(d for _, d, _ in padded) > 0
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "eagle tree"])
 def test_the_torch_reference_rows_emit_the_same(monkeypatch: pytest.MonkeyPatch, drafter: str) -> None:
     ordinary, _ = _run("plain", drafter, SEEDED, static=False, monkeypatch=monkeypatch)
     monkeypatch.setattr(row_attention, "backend_for", lambda device_type: "torch")
@@ -157,5 +162,19 @@ def test_steps_are_padded_to_buckets_and_refused_beyond_the_shapes() -> None:
     assert inputs.prepare([[1]] * 5, [0] * 5, [[0]] * 5) is None  # more sequences
     assert inputs.prepare([[1] * 4], [0], [[0]]) is None  # more rows
     assert inputs.prepare([[1]], [0], [[0] * 6]) is None  # a longer block table
+    assert inputs.prepare([[1, 2]], [4], [[0, 1]], [[-1, 0]]) is None  # a tree, without trees
     with pytest.raises(ValueError, match="max_seqs=3"):
         StaticShapes(3, 1, 1)
+
+
+def test_tree_rows_see_the_context_and_their_ancestors() -> None:
+    inputs = StaticInputs(torch.device("cpu"), StaticShapes(2, 4, 5, trees=True), block_size=4, reserved_block=99)
+    # A chain of 2 from position 5, a tree of 4 from position 8: root, two children, a grandchild.
+    step = inputs.prepare([[7, 8], [1, 2, 3, 4]], [5, 8], [[3, 4], [2, 6, 0]], [None, [-1, 0, 0, 2]])
+    assert step.real_rows.tolist() == [0, 1, 4, 5, 6, 7]
+    rows = step.attn.rows
+    assert step.positions.tolist() == [5, 6, 0, 0, 8, 9, 9, 10]  # tree rows: start + depth
+    assert step.attn.slot_mapping.tolist() == [17, 18, 396, 396, 0, 1, 2, 3]  # tree rows: start + row
+    assert rows.row_visible.tolist() == [6, 7, 1, 1, 8, 8, 8, 8]
+    assert rows.tree_start.tolist() == [5, 5, 0, 0, 8, 8, 8, 8]
+    assert rows.tree_mask.int().tolist() == [[0] * 4] * 4 + [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]

@@ -1,4 +1,5 @@
-"""Rows described on the device (a padded step's RowLayout, runtime/static_step.py) attended by each
+"""Rows described on the device (a padded step's RowLayout, runtime/static_step.py), chains and a
+tree, attended by each
 backend of model/row_attention.py (the torch reference, the compiled CPU kernel, the Triton kernel,
 under the interpreter without a GPU) equal today's attention of the same sequences (the SDPA
 padded group), with a sliding window and a soft cap too; the padding rows' reserved block is full
@@ -20,8 +21,9 @@ from verispec.sample import rejection
 from ..sample.test_triton import DEVICE
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
-# (new rows, seq_len) per sequence: decode steps and verify steps of 3 and 5 rows.
-SEQS = [(1, 13), (5, 30), (3, 11), (1, 40), (2, 9)]
+# (new rows, seq_len) per sequence: decode steps, verify steps of 3 and 5 rows, a tree of 6.
+SEQS = [(1, 13), (5, 30), (3, 11), (6, 24), (1, 40), (2, 9)]
+TREES = [None, None, None, [-1, 0, 0, 1, 1, 2], None, None]
 GEMMA2 = dict(scale=0.3, softcap=5.0)
 OUT_OF_RANGE = 10**9
 
@@ -45,12 +47,13 @@ def _both(window: int | None, **options) -> tuple[torch.Tensor, torch.Tensor]:
     kv = torch.randn(tokens, 2 * KV_HEADS, DIM, generator=g)
     cache = torch.randn(2, num_blocks + 1, BLOCK, KV_HEADS, DIM, generator=g)
     cache[:, reserved] = float("nan")
-    attn = AttentionMetadata.build([n for n, _ in SEQS], [s for _, s in SEQS], tables, BLOCK)
+    attn = AttentionMetadata.build([n for n, _ in SEQS], [s for _, s in SEQS], tables, BLOCK, trees=TREES)
     expected = paged_attention(q, kv, cache.clone(), AttentionPlan(attn, BLOCK, window=window), **options)
 
-    static = StaticInputs(torch.device("cpu"), StaticShapes(8, 5, 12), BLOCK, reserved)
+    static = StaticInputs(torch.device("cpu"), StaticShapes(8, 6, 12, trees=True), BLOCK, reserved)
     static.tables[: len(SEQS)] = OUT_OF_RANGE  # what prepare does not write is stale
-    step = static.prepare([[0] * n for n, _ in SEQS], [s - n for n, s in SEQS], tables)
+    static.masks[:] = True
+    step = static.prepare([[0] * n for n, _ in SEQS], [s - n for n, s in SEQS], tables, TREES)
     assert static.tables[: len(SEQS)].max() == reserved  # past a sequence's blocks: the reserved one
     static.tables[len(SEQS) : -1] = OUT_OF_RANGE  # rows of no sequence
     padded_q = torch.full((len(step.input_ids), HEADS, DIM), float("nan"))

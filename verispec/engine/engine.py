@@ -672,11 +672,11 @@ def _static_shapes(config: EngineConfig, model: LlamaModel) -> tuple[StaticShape
     if not (cuda if config.static_step is None else config.static_step):
         return None, False
     spec = config.speculative
-    # Tree steps run the ordinary way; a chain step feeds the pending token and K drafts.
-    rows = spec.num_speculative_tokens + 1 if spec.enabled and spec.tree is None else 1
+    # A step feeds the pending token and its drafts (tree nodes).
+    rows = spec.num_draft_tokens + 1 if spec.enabled else 1
     # A CFG request feeds two sequences.
     shapes = StaticShapes.covering(2 * config.max_num_seqs, rows, config.max_model_len + rows,
-                                   config.cache.block_size)
+                                   config.cache.block_size, trees=spec.enabled and spec.tree is not None)
     return shapes, cuda and not config.enforce_eager
 
 

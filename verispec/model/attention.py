@@ -73,15 +73,18 @@ MAX_PADDED_QUERY_LEN = 16
 
 @dataclass(frozen=True)
 class RowLayout:
-    """Every new token of a chain step as a row on the device (module docstring): it reads row
-    row_seq of the block table and attends positions 0 .. row_visible - 1 (a row at position p:
-    p + 1; its own key is written first). Padding rows point at a block-table row of reserved
-    blocks and see 1 position, which nothing else reads."""
+    """Every new token as a row on the device (module docstring): it reads row row_seq of the
+    block table and attends positions 0 .. row_visible - 1 (a chain row at position p: p + 1,
+    its own key written first), and a tree row also tree_start + j where tree_mask[row, j] (its
+    ancestors and itself; a tree row's row_visible is its tree's first position). Padding rows
+    point at a block-table row of reserved blocks and see 1 position, which nothing else reads."""
 
     row_seq: torch.Tensor  # [T] int64
     row_visible: torch.Tensor  # [T] int64
-    zeros: torch.Tensor  # [T] int64, all 0 (the plan's row_tree_start: chains have no tree rows)
-    no_tree: torch.Tensor  # [T, 0] bool
+    positions: torch.Tensor  # [T] int64, rotary positions (a tree row's: its tree start + depth)
+    tree_start: torch.Tensor  # [T] int64
+    tree_mask: torch.Tensor  # [T, rows per sequence] bool, or [T, 0] without trees
+    zeros: torch.Tensor  # [T] int64, all 0 (the first position seen without a window)
 
 
 @dataclass
@@ -281,10 +284,10 @@ class AttentionPlan:
 
     @staticmethod
     def _device_rows(block_tables: torch.Tensor, layout: RowLayout, window: int | None) -> RowPlan:
-        # A chain row at p sees p + 1 positions; its window keeps those > p - window.
-        first = layout.zeros if window is None else (layout.row_visible - window).clamp_min(0)
-        return RowPlan(None, block_tables, layout.row_seq, first, layout.row_visible, layout.zeros,
-                       layout.no_tree)
+        # Keys at positions > p - window for a row at rotary position p, as window_mask keeps them.
+        first = layout.zeros if window is None else (layout.positions - window + 1).clamp_min(0)
+        return RowPlan(None, block_tables, layout.row_seq, first, layout.row_visible, layout.tree_start,
+                       layout.tree_mask)
 
     @staticmethod
     def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int],

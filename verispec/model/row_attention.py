@@ -5,9 +5,8 @@ A row touches no slot outside those, so what the rest of the cache or of its blo
 holds (unwritten slots, released blocks, a padding row's reserved block) never reaches it.
 
 Which implementation runs is decided once per device type: the compiled kernel on the CPU where
-the extension is built (verispec.cpu_kernels), the Triton kernel on CUDA (chains only: trees are
-attended this way only by the CPU's plans), and everywhere else the torch reference below, which
-the other two are tested against.
+the extension is built (verispec.cpu_kernels), the Triton kernel on CUDA, and everywhere else the
+torch reference below, which the other two are tested against.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ def attend_rows(
         return compiled_kernels().paged_attention_rows(
             q, kv_cache, plan.block_tables, plan.row_seq, plan.row_first, plan.row_visible,
             plan.row_tree_start, plan.tree_mask, scale, 0.0 if softcap is None else softcap)
-    if backend == "triton" and plan.tree_mask.shape[1] == 0:
+    if backend == "triton":
         from verispec.model.triton_attention import attend_rows_triton
 
         return attend_rows_triton(q, kv_cache, plan, scale, softcap)

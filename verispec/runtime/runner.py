@@ -114,12 +114,13 @@ class ModelRunner:
                                          step.logits_rows, hidden_layers)
 
     def _static_step(self, feeds: Sequence[Feed]) -> StaticStep | None:
-        """The padded step of a chain step whose every row needs logits, else None."""
-        if self.static is None or any(f.parents is not None or f.num_logits != len(f.token_ids) for f in feeds):
+        """The padded step of a step whose every row needs logits, else None."""
+        if self.static is None or any(f.num_logits != len(f.token_ids) for f in feeds):
             return None
         reserved = self.static.reserved_block
         return self.static.prepare([f.token_ids for f in feeds], [f.start for f in feeds],
-                                   [self.blocks.block_table(f.seq_id, hole=reserved) for f in feeds])
+                                   [self.blocks.block_table(f.seq_id, hole=reserved) for f in feeds],
+                                   [f.parents for f in feeds])
 
     def _run_static(self, step: StaticStep, hidden_layers: tuple[int, ...],
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [fed, V], [fed, H * hidden_size]

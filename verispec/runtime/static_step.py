@@ -1,7 +1,9 @@
 """Decode and verify steps over persistent buffers, padded to a fixed set of shapes.
 
-A step qualifies when every fed sequence is a chain whose every row needs logits (the pending
-token and its drafts; prefill chunks and tree steps run the ordinary way). It is padded to a
+A step qualifies when every fed sequence's every row needs logits (the pending token and its
+drafts, a chain or, with `trees`, a tree of them; prefill chunks run the ordinary way). A tree
+row attends the sequence's context and its own ancestors (model/attention.py: tree), given as a
+mask over the sequence's rows. It is padded to a
 *shape*: a bucket of sequences (SEQ_BUCKETS) x the step's most rows per sequence. Row b * rows + i
 is row i of sequence b; the rows past a sequence's own, and every row of the sequences past the
 step's, are *padding*: they feed token 0 at position 0, write their key and value to the
@@ -34,11 +36,13 @@ SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 @dataclass(frozen=True)
 class StaticShapes:
     """The largest padded step: max_seqs sequences (a bucket) of max_rows rows, block tables of
-    max_blocks entries; a step beyond any of them runs the ordinary way."""
+    max_blocks entries; `trees`: tree rows too (a [rows, rows] mask per sequence). A step beyond
+    any of them runs the ordinary way."""
 
     max_seqs: int
     max_rows: int
     max_blocks: int
+    trees: bool = False
 
     def __post_init__(self) -> None:
         if self.max_seqs not in SEQ_BUCKETS:
@@ -49,11 +53,12 @@ class StaticShapes:
                 raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
 
     @classmethod
-    def covering(cls, max_seqs: int, max_rows: int, max_tokens: int, block_size: int) -> StaticShapes:
+    def covering(cls, max_seqs: int, max_rows: int, max_tokens: int, block_size: int,
+                 trees: bool = False) -> StaticShapes:
         """Shapes for steps of up to max_seqs sequences (capped at the largest bucket) of up to
         max_rows rows, over sequences of at most max_tokens slots."""
         seqs = next((b for b in SEQ_BUCKETS if b >= max_seqs), SEQ_BUCKETS[-1])
-        return cls(seqs, max_rows, -(-max_tokens // block_size))
+        return cls(seqs, max_rows, -(-max_tokens // block_size), trees)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class StaticInputs:
     block whose reserved block is `reserved_block`."""
 
     # The row buffer: these segments, each max_seqs * max_rows long, then seq_lens [max_seqs].
-    SEGMENTS = ("input_ids", "positions", "slots", "row_seq", "visible", "real")
+    SEGMENTS = ("input_ids", "positions", "slots", "row_seq", "visible", "tree_start", "real")
 
     def __init__(self, device: torch.device, shapes: StaticShapes, block_size: int,
                  reserved_block: int) -> None:
@@ -97,7 +102,10 @@ class StaticInputs:
         self.rows = self.host_rows.to(device)
         self.tables = self.host_tables.to(device).view(seqs + 1, width)
         self.zeros = torch.zeros(self.capacity, dtype=torch.int64, device=device)
-        self.no_tree = torch.zeros(self.capacity, 0, dtype=torch.bool, device=device)
+        # Row r's mask over its sequence's rows, [size, rows] for a shape (no columns without trees).
+        self.host_masks = torch.zeros(self.capacity * shapes.max_rows if shapes.trees else 0,
+                                      dtype=torch.bool, pin_memory=pinned)
+        self.masks = self.host_masks.to(device)
         self.every_row = torch.arange(self.capacity, dtype=torch.int64, device=device)
         self._starts: dict[StepShape, torch.Tensor] = {}
 
@@ -107,26 +115,36 @@ class StaticInputs:
 
     def prepare(
         self,
-        tokens: Sequence[Sequence[int]],  # per sequence, its fed tokens (a chain)
+        tokens: Sequence[Sequence[int]],  # per sequence, its fed tokens
         starts: Sequence[int],  # per sequence, the cache position of its first fed token
         tables: Sequence[Sequence[int]],  # per sequence, its block table (holes: any block)
+        parents: Sequence[Sequence[int] | None] | None = None,  # per sequence, its tree or None
     ) -> StaticStep | None:
         """The step padded to its shape, its inputs written to the buffers; None when it exceeds
-        the shapes (more sequences or rows, or a longer block table)."""
+        the shapes (more sequences or rows, a longer block table, a tree without `trees`)."""
+        trees = parents is not None and any(p is not None for p in parents)
         count = len(tokens)
         lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=count)
         rows = int(lengths.max())
         seqs = next((b for b in SEQ_BUCKETS if b >= count), None)
         width = self.shapes.max_blocks
         if seqs is None or seqs > self.shapes.max_seqs or rows > self.shapes.max_rows \
-                or max(map(len, tables)) > width:
+                or max(map(len, tables)) > width or (trees and not self.shapes.trees):
             return None
         shape, size = StepShape(seqs, rows), seqs * rows
         column = np.arange(rows)
         real = np.zeros((seqs, rows), dtype=bool)
         real[:count] = column[None, :] < lengths[:, None]
-        position = np.zeros((seqs, rows), dtype=np.int64)
-        position[:count] = np.asarray(starts, dtype=np.int64)[:, None] + column
+        start = np.zeros(seqs, dtype=np.int64)
+        start[:count] = starts
+        position = start[:, None] + column  # in the cache
+        mask = np.zeros((seqs, rows, rows), dtype=bool)
+        depth = column[None, :].repeat(seqs, 0)
+        tree_rows = np.zeros(seqs, dtype=bool)
+        if trees:
+            tree_rows[:count] = [p is not None for p in parents]
+            mask, depth = _ancestry(parents, count, seqs, rows, real)
+        rotary = np.where(tree_rows[:, None], start[:, None] + depth, position)
         table = self.host_tables.numpy()[: count * width].reshape(count, width)
         table.fill(self.reserved_block)
         for i, entries in enumerate(tables):
@@ -139,10 +157,12 @@ class StaticInputs:
         ids[real] = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(lengths.sum()))
         values = {
             "input_ids": ids,
-            "positions": np.where(real, position, 0),
+            "positions": np.where(real, rotary, 0),
             "slots": np.where(real, block * self.block_size + position % self.block_size, reserved_slot),
             "row_seq": np.where(real, np.arange(seqs)[:, None], self.shapes.max_seqs),
-            "visible": np.where(real, position + 1, 1),
+            # A tree row sees the context, then its ancestors through the mask from its start.
+            "visible": np.where(real, np.where(tree_rows[:, None], start[:, None], position + 1), 1),
+            "tree_start": np.where(real, start[:, None], 0),
         }
         for name, value in values.items():
             self.segment(host, name)[:size] = value.reshape(-1)
@@ -151,6 +171,9 @@ class StaticInputs:
         host[len(self.SEGMENTS) * self.capacity :][:count] = np.asarray(starts) + lengths
         self.rows.copy_(self.host_rows, non_blocking=True)
         self.tables.view(-1)[: count * width].copy_(self.host_tables[: count * width], non_blocking=True)
+        if self.shapes.trees:
+            self.host_masks.numpy()[: size * rows] = mask.reshape(-1)
+            self.masks[: size * rows].copy_(self.host_masks[: size * rows], non_blocking=True)
         return self._step(shape, len(found))
 
     def _step(self, shape: StepShape, num_real: int) -> StaticStep:
@@ -159,7 +182,39 @@ class StaticInputs:
             self._starts[shape] = torch.arange(0, size + 1, shape.rows, dtype=torch.int64, device=self.device)
         view = {name: self.segment(self.rows, name)[:size] for name in self.SEGMENTS}
         seq_lens = self.rows[len(self.SEGMENTS) * self.capacity :][: shape.num_seqs]
-        layout = RowLayout(view["row_seq"], view["visible"], self.zeros[:size], self.no_tree[:size])
+        masks = self.masks[: size * shape.rows].view(size, shape.rows if self.shapes.trees else 0)
+        layout = RowLayout(view["row_seq"], view["visible"], view["positions"], view["tree_start"], masks,
+                           self.zeros[:size])
         attn = AttentionMetadata(self._starts[shape], seq_lens, view["slots"], self.tables, rows=layout)
         return StaticStep(shape, view["input_ids"], view["positions"], attn, self.every_row[:size],
                           self.segment(self.rows, "real")[:num_real])
+
+
+def _ancestry(
+    parents: Sequence[Sequence[int] | None],  # per real sequence, its tree (parent row or -1) or None
+    count: int,
+    seqs: int,
+    rows: int,
+    real: np.ndarray,  # [seqs, rows] bool
+) -> tuple[np.ndarray, np.ndarray]:  # [seqs, rows, rows] bool ancestors-or-self, [seqs, rows] depth
+    """Each tree row's mask over its sequence's rows and its depth; a chain's rows stay unmasked
+    (they attend by length) with depth = row. One pass per row index, over every sequence at once
+    (a parent comes before its child)."""
+    parent = np.full((seqs, rows), -1, dtype=np.int64)
+    is_tree = np.zeros(seqs, dtype=bool)
+    for b, p in enumerate(parents[:count]):
+        if p is not None:
+            parent[b, : len(p)] = p
+            is_tree[b] = True
+    mask = np.zeros((seqs, rows, rows), dtype=bool)
+    depth = np.zeros((seqs, rows), dtype=np.int64)
+    every = np.arange(seqs)
+    for i in range(rows):
+        has = parent[:, i] >= 0
+        up = np.maximum(parent[:, i], 0)
+        mask[:, i] = np.where(has[:, None], mask[every, up], False)
+        mask[:, i, i] = real[:, i]
+        depth[:, i] = np.where(has, depth[every, up] + 1, 0)
+    mask &= is_tree[:, None, None]
+    depth = np.where(is_tree[:, None], depth, np.arange(rows)[None, :])
+    return mask, depth
