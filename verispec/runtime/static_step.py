@@ -104,7 +104,7 @@ class StaticInputs:
         self.zeros = torch.zeros(self.capacity, dtype=torch.int64, device=device)
         # Row r's mask over its sequence's rows, [size, rows] for a shape (no columns without trees).
         self.host_masks = torch.zeros(self.capacity * shapes.max_rows if shapes.trees else 0,
-                                      dtype=torch.bool, pin_memory=pinned)
+                                      dtype=torch.bool, pin_memory=pinned and shapes.trees)
         self.masks = self.host_masks.to(device)
         self.every_row = torch.arange(self.capacity, dtype=torch.int64, device=device)
         self._starts: dict[StepShape, torch.Tensor] = {}
