@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 from transformers import AutoModelForCausalLM
 
 from verispec import SamplingParams
@@ -48,7 +48,7 @@ def main() -> None:
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {t}."}]) for t in TOPICS]
     negative = tok.apply_chat_template([{"role": "user", "content": NEGATIVE}])
     rows = []
-    print(f"{'system':<20} {'batch':>5} {'CFG':>5} {'tokens':>6} {'tok/s':>7} {'CFG cost':>8}")
+    table = Table("system", "batch", "CFG", "tokens", "tok/s", "CFG cost", digits=1)
     for name, llm in engines.items():
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
         for batch in (1, 16):
@@ -64,7 +64,7 @@ def main() -> None:
                 cost = rates[1.0] / rates[scale]
                 rows.append({"system": name, "batch": batch, "guidance_scale": scale, "tokens": tokens,
                              "seconds": seconds, "tok_per_s": rates[scale], "slowdown_vs_no_cfg": cost})
-                print(f"{name:<20} {batch:>5} {scale:>5} {tokens:>6} {rates[scale]:>7.1f} {cost:>7.2f}x", flush=True)
+                table.row(name, batch, scale, tokens, rates[scale], f"{cost:.2f}x")
     hf = AutoModelForCausalLM.from_pretrained(converted_checkpoint_dir(), dtype=dtype).eval()
     ids = torch.tensor([tok.encode(prompts[0])])
     neg = torch.tensor([tok.encode(negative)])
@@ -79,7 +79,7 @@ def main() -> None:
         rates[scale] = tokens / seconds
         rows.append({"system": "HF generate", "batch": 1, "guidance_scale": scale, "tokens": tokens,
                      "seconds": seconds, "tok_per_s": rates[scale], "slowdown_vs_no_cfg": rates[1.0] / rates[scale]})
-        print(f"{'HF generate':<20} {1:>5} {scale:>5} {tokens:>6} {rates[scale]:>7.1f} {rates[1.0] / rates[scale]:>7.2f}x")
+        table.row("HF generate", 1, scale, tokens, rates[scale], f"{rates[1.0] / rates[scale]:.2f}x")
     write_json(args.json, torch.device("cpu"), rows, dtype=args.dtype)
 
 

@@ -1,5 +1,6 @@
-"""Shared by the benchmark scripts: timing, memory bandwidth, the machine a run was on, and where
-results go (one JSON file per benchmark: {"meta": machine, date, commit, ..., "rows": [...]})."""
+"""Shared by the benchmark scripts: timing, memory bandwidth, the machine a run was on, its table
+on stdout (Table: markdown, as docs/benchmarks.md holds them) and where its results go (one JSON
+file per benchmark: {"meta": machine, date, commit, ..., "rows": [...]})."""
 
 from __future__ import annotations
 
@@ -69,7 +70,23 @@ def machine(device: torch.device) -> dict[str, object]:
     }
 
 
+class Table:
+    """A benchmark's table on stdout in markdown, its header printed at once and each row as it is
+    measured (a long run shows its progress). A cell is printed as given: a float with `digits`
+    decimals, anything else with str()."""
+
+    def __init__(self, *columns: str, digits: int = 2) -> None:
+        self.digits = digits
+        print("| " + " | ".join(columns) + " |")
+        print("|" + "---|" * len(columns), flush=True)
+
+    def row(self, *cells: object) -> None:
+        text = (f"{c:.{self.digits}f}" if isinstance(c, float) else str(c) for c in cells)
+        print("| " + " | ".join(text) + " |", flush=True)
+
+
 def write_json(path: Path, device: torch.device, rows: list[dict], **meta: object) -> None:
+    """The run's rows and `meta` beside `machine(device)`, to `path` (its folder created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     info = {**machine(device), **meta}
     path.write_text(json.dumps({"meta": info, "rows": rows}, indent=2))

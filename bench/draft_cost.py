@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 from drafters import chat_ids, load
 
 from verispec import SamplingParams
@@ -108,12 +108,16 @@ def main() -> None:
         print(f"{name}: a = {1000 * a:.1f} ms, row_cost = {row_cost:.3f} "
               f"(LlamaModel.row_cost: {llm.model.row_cost}); DraftCost(per_call={fit[0]:.4f}, per_request={fit[1]:.4f}, "
               f"per_position={fit[2]:.4f}, per_row={fit[3]:.4f})")
-        for key, value in zip(keys, y.tolist()):
-            print(f"  depth {key[0]} requests {key[1]:>2}: {value:.4f} a  ({len(cells[key])} calls)")
         results.append({"drafter": name, "a_seconds": a, "row_cost": row_cost, "fit": dict(zip(
             ("per_call", "per_request", "per_position", "per_row"), fit)),
-            "cells": {f"{d},{n}": statistics.median(cells[(d, n)]) for d, n in keys}})
+            "cells": {f"{d},{n}": statistics.median(cells[(d, n)]) for d, n in keys},
+            "calls": {f"{d},{n}": len(cells[(d, n)]) for d, n in keys}})
         del llm
+    table = Table("drafter", "depth", "requests", "drafting call / a", "calls", digits=4)
+    for result in results:
+        for key, value in result["cells"].items():
+            depth, requests = key.split(",")
+            table.row(result["drafter"], depth, requests, value, result["calls"][key])
     write_json(args.json, torch.device("cpu"), results, threads=args.threads, max_tokens=args.max_tokens)
 
 

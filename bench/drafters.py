@@ -39,7 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 
 from verispec import SamplingParams
 from verispec.config import parse_tree
@@ -159,15 +159,16 @@ def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, 
         llm.generate([chat_ids(llm, row["prompt"]) for row in prompts[:2]], greedy, use_tqdm=False)
     rows = []
     classes = list(dict.fromkeys(row["category"] for row in prompts))
-    print(f"{'mode':>16} {'drafter':>12} " + " ".join(f"{c:>20}" for c in classes) + f" {'all':>14}")
+    table = Table("mode", "drafter", *classes, "all")  # cells: tok/s, x none, tokens per step
     for mode, params, seeded in (("greedy", greedy, False), ("sampled", sampled, False),
                                  ("sampled, seeded", sampled, True)):
         results = run_batch1(llms, prompts, params, seeded)
         for name, r in results.items():
             none = results["none"]
-            cells = " ".join(f"{r['per_category_tok_s'][c]:7.1f} {r['per_category_tok_s'][c] / none['per_category_tok_s'][c]:5.2f}x"
-                             f" {r['per_category_tokens_per_step'][c]:4.2f}" for c in classes)
-            print(f"{'b1 ' + mode:>16} {name:>12} {cells} {r['tok_s']:7.1f} {r['tok_s'] / none['tok_s']:5.2f}x")
+            table.row(f"b1 {mode}", name, *(f"{r['per_category_tok_s'][c]:.1f} "
+                                            f"{r['per_category_tok_s'][c] / none['per_category_tok_s'][c]:.2f}x "
+                                            f"{r['per_category_tokens_per_step'][c]:.2f}" for c in classes),
+                      f"{r['tok_s']:.1f} {r['tok_s'] / none['tok_s']:.2f}x")
             rows.append({"batch": 1, "mode": mode, "drafter": name, "speedup_vs_none": r["tok_s"] / none["tok_s"],
                          "per_category_speedup": {c: r["per_category_tok_s"][c] / none["per_category_tok_s"][c]
                                                   for c in classes},
@@ -177,7 +178,8 @@ def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, 
         results = run_batches(llms, wide, params, batch)
         for name, r in results.items():
             ratio = r["tok_s"] / results["none"]["tok_s"]
-            print(f"{f'b{batch} ' + mode:>16} {name:>12} {r['tok_s']:7.1f} {ratio:5.2f}x {r['mean_acceptance_length']:4.2f}")
+            table.row(f"b{batch} {mode}", name, *[""] * len(classes),
+                      f"{r['tok_s']:.1f} {ratio:.2f}x {r['mean_acceptance_length']:.2f}")
             rows.append({"batch": batch, "mode": mode, "drafter": name, "speedup_vs_none": ratio, **r})
     del llms
     for name in [d for d in drafters if d != "none"] if k_scan else []:
@@ -187,7 +189,7 @@ def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, 
             llm.generate([chat_ids(llm, row["prompt"]) for row in prompts[:1]], greedy, use_tqdm=False)
         results = run_batch1(fixed, prompts, greedy)
         for (label, r), k in zip(results.items(), k_scan):
-            print(f"{'b1 greedy':>16} {label:>12} {r['tok_s']:7.1f} tok/s {r['mean_acceptance_length']:4.2f} tokens/step")
+            table.row("b1 greedy", label, *[""] * len(classes), f"{r['tok_s']:.1f} {r['mean_acceptance_length']:.2f}")
             rows.append({"batch": 1, "mode": "greedy", "drafter": name, "k": k, "scan": True,
                          **{key: v for key, v in r.items() if key != "outputs"}})
     return rows
@@ -234,16 +236,14 @@ def main() -> None:
     rows = []
     print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, K = {args.k}, "
           f"{args.threads} threads")
-    print(f"{'batch':>5} {'mode':>7} {'K':>8} {'drafter':>18} {'tok/s':>7} {'x none':>6} {'accept len':>10} "
-          f"{'rows/step':>9}")
+    table = Table("batch", "mode", "K", "drafter", "tok/s", "x none", "accept len", "rows/step", "same tokens as none")
 
     def report(batch: int, mode: str, k: str, results: dict[str, dict]) -> None:
         for name, r in results.items():
             ratio = r["tok_s"] / results["none"]["tok_s"]
             same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" and "outputs" in r else None
-            print(f"{batch:>5} {mode:>7} {k:>8} {name:>18} {r['tok_s']:7.1f} {ratio:6.2f} "
-                  f"{r['mean_acceptance_length']:10.2f} {r['rows_per_step']:9.2f}"
-                  + ("" if same is None else f"   same tokens as none: {same}"))
+            table.row(batch, mode, k, name, f"{r['tok_s']:.1f}", ratio, r["mean_acceptance_length"], r["rows_per_step"],
+                      "" if same is None else same)
             rows.append({"batch": batch, "mode": mode, "k": k, "drafter": name, "speedup_vs_none": ratio,
                          "same_as_none": same, **{key: v for key, v in r.items() if key != "outputs"}})
 

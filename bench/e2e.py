@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import copy_bandwidth, write_json
+from common import Table, copy_bandwidth, write_json
 from transformers import AutoModelForCausalLM
 
 from verispec import SamplingParams
@@ -132,7 +132,7 @@ def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float, model:
         ours(llm, [warm], 4)
         ours(llm, [warm], 4, sampled=True)
     rows = []
-    print(f"{'prompt':<6} {'system':<24} {'tokens':>6} {'tok/s':>7} {'vs HF':>6} {'vs HF-PL':>8} {'accept':>6} {'same as HF':>10}")
+    table = Table("prompt", "system", "tokens", "tok/s", "vs HF", "vs HF-PL", "accept", "same as HF", digits=1)
     for name, text in PROMPTS.items():
         prompt = chat(plain, text)
         (hf_ids,), hf_s = hf_generate(hf, [prompt], max_tokens)
@@ -153,8 +153,8 @@ def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float, model:
                    "seconds": seconds, "tok_per_s": rate, "vs_hf": rate / hf_rate, "vs_hf_prompt_lookup": rate / pl_rate,
                    "acceptance": acc, "same_as_hf": ids == hf_ids, "floor_tok_per_s": 1 / floor_s}
             rows.append(row)
-            print(f"{name:<6} {system:<24} {len(ids):>6} {rate:>7.1f} {rate / hf_rate:>5.2f}x {rate / pl_rate:>7.2f}x"
-                  f" {'' if acc is None else f'{acc:.2f}':>6} {str(ids == hf_ids):>10}")
+            table.row(name, system, len(ids), rate, f"{rate / hf_rate:.2f}x", f"{rate / pl_rate:.2f}x",
+                      "" if acc is None else f"{acc:.2f}", ids == hf_ids)
     # Sampled, fixed length (EOS ignored): the cost of the filters in every step.
     prompt = chat(plain, PROMPTS["open"])
     (hf_ids,), hf_s = hf_generate(hf, [prompt], max_tokens, do_sample=True, min_new_tokens=max_tokens, **SAMPLED)
@@ -168,8 +168,8 @@ def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float, model:
         rows.append({"dtype": dtype_name, "prompt": "open, sampled", "batch": 1, "system": system,
                      "tokens": len(ids), "seconds": seconds, "tok_per_s": rate, "vs_hf": rate / hf_rate,
                      "acceptance": acc, "sampling": SAMPLED})
-        print(f"{'sample':<6} {system:<24} {len(ids):>6} {rate:>7.1f} {rate / hf_rate:>5.2f}x {'':>8}"
-              f" {'' if acc is None else f'{acc:.2f}':>6}")
+        table.row("sample", system, len(ids), rate, f"{rate / hf_rate:.2f}x", "", "" if acc is None else f"{acc:.2f}",
+                  "")
     # Throughput: every request generates exactly max_tokens (EOS ignored), as throughput
     # benchmarks usually fix output lengths, so no system is measured on a lone straggler.
     texts = [style.format(topic) for style in BATCH_STYLES for topic in BATCH_TOPICS]
@@ -188,8 +188,8 @@ def run_dtype(dtype_name: str, max_tokens: int, k: int, bandwidth: float, model:
             rows.append({"dtype": dtype_name, "prompt": f"{batch} topics", "batch": batch, "system": system,
                          "tokens": total, "seconds": seconds, "tok_per_s": rate,
                          "vs_hf": rate / (sum(len(x) for x in hf_out) / hf_s), "vs_own_batch1": rate / single})
-            print(f"{f'b={batch}':<6} {system:<24} {total:>6} {rate:>7.1f} {rows[-1]['vs_hf']:>5.2f}x"
-                  f"   ({rate / single:.1f}x our batch-1 tok/s, first prompt alone)")
+            table.row(f"b={batch}", system, total, rate, f"{rows[-1]['vs_hf']:.2f}x", "", "",
+                      f"({rate / single:.1f}x our batch-1 tok/s, first prompt alone)")
     return rows
 
 

@@ -63,9 +63,42 @@ def serving(data: dict, ax) -> str:
 
 def startup(data: dict, ax) -> str:
     rows = data["rows"]
-    _bars(ax, [r["command"] for r in rows], {"median of the runs": [r["median_s"] for r in rows]},
-          "seconds to the first token / to /health (lower is better)", ".2f")
+    series = {"wall, median": [r["median_s"] for r in rows]}
+    if all("cpu_s" in r for r in rows):  # runs before the CPU column have wall times only
+        series["CPU (user + sys), median"] = [r["cpu_s"] for r in rows]
+    _bars(ax, [r["command"] for r in rows], series, "seconds to the first token / to /health (lower is better)",
+          ".2f")
     return "Start-up as whole processes, the cached embedded model"
+
+
+def gpu_verify(data: dict, ax) -> str:
+    """The verify step on the GPU against the anchors the page names (log scale: 70 µs to 10 ms)."""
+    rows = data["rows"]
+    anchors = sorted({name for r in rows for name in r["anchors_us"]})
+    _bars(ax, [f"B={r['batch']} K={r['k']} {r['mode']}" for r in rows], {
+        "verispec Triton, fp32": [r["triton_fp32_us"] for r in rows],
+        "verispec Triton, bf16": [r["triton_bf16_us"] for r in rows],
+        **{name: [r["anchors_us"].get(name) for r in rows] for name in anchors},
+        "target": [r["target_us"] for r in rows],
+    }, "µs per verify step, V = 128,256 (lower is faster; log scale)")
+    ax.set_xscale("log")
+    ax.legend(fontsize=8, loc="upper right")  # the short B = 1 bars leave that corner free
+    return "Verify step on an NVIDIA H100 against vLLM's sampler and the targets"
+
+
+def acceptance(data: dict, ax) -> str:
+    """bench/drafters.py, fixed K: the share of steps whose draft at each position was accepted."""
+    drafters = list(dict.fromkeys(row["drafter"] for row in data["rows"]))
+    for row in data["rows"]:
+        rates = row["per_position_acceptance"]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", linestyle="-" if row["mode"] == "greedy" else "--",
+                color=f"C{drafters.index(row['drafter'])}", label=f"{row['drafter']}, {row['mode']}")
+    ax.set_xticks(range(1, max(len(r["per_position_acceptance"]) for r in data["rows"]) + 1))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafted at that position")
+    ax.set_ylim(0, None)
+    ax.legend(fontsize=8)
+    return "Acceptance by draft position on the 4-bit target, batch 1, K = 4"
 
 
 def speculation(data: dict, ax) -> str:
@@ -93,7 +126,7 @@ def k_scan(data: dict, ax) -> str:
 
 FIGURES: dict[str, Callable[[dict, object], str]] = {
     "cpu_engines": cpu_engines, "serving": serving, "startup": startup, "speculation": speculation,
-    "k_scan": k_scan,
+    "k_scan": k_scan, "gpu_verify": gpu_verify, "acceptance": acceptance,
 }
 
 

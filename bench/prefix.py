@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 
 from verispec import SamplingParams
 from verispec.engine.llm import LLM
@@ -121,8 +121,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'workload':<9} {'caching':<7} {'prompt tok':>10} {'cached':>7} {'all seqs':>8} {'first':>8} "
-          f"{'TTFT p50':>9} {'TTFT p95':>9} {'after p50':>9} {'after p95':>9} {'tok/s':>6}")
+    table = Table("workload", "caching", "prompt tok", "cached", "all seqs", "first ms", "TTFT p50 ms", "TTFT p95 ms",
+                  "after p50 ms", "after p95 ms", "tok/s", digits=0)
     # Both settings side by side, each workload off then on, so that the two runs of a workload
     # are minutes apart at most (a shared machine's load drifts).
     llms = {caching: LLM(draft=args.draft, kv_cache_gib=0.5, progress=False, enable_prefix_caching=caching)
@@ -159,9 +159,8 @@ def main() -> None:
                    "after_first_p50_ms": h50, "after_first_p95_ms": h95, "tokens": r["tokens"],
                    "seconds": r["seconds"], "tok_per_s": r["tokens"] / r["seconds"]}
             rows.append(row)
-            print(f"{name:<9} {'on' if caching else 'off':<7} {r['prompt_tokens']:>10} {r['cached']:>7} "
-                  f"{r['all_hits']:>8} {row['first_ttft_ms']:>6.0f}ms {p50:>7.0f}ms {p95:>7.0f}ms {h50:>7.0f}ms "
-                  f"{h95:>7.0f}ms {row['tok_per_s']:>6.1f}", flush=True)
+            table.row(name, "on" if caching else "off", r["prompt_tokens"], r["cached"], r["all_hits"],
+                      row["first_ttft_ms"], p50, p95, h50, h95, f"{row['tok_per_s']:.1f}")
     write_json(args.json, torch.device("cpu"), rows, max_tokens=args.max_tokens, draft=args.draft)
 
 

@@ -331,6 +331,7 @@ def main() -> None:
         return
 
     import torch
+    from common import Table, write_json  # the parent only: a worker may run in a Python without torch
 
     from verispec.model.loader import default_model_path
 
@@ -343,9 +344,9 @@ def main() -> None:
         table = kernels[0]
         print(f"weights {table['weights_mb']:.1f} MB, copy {table['copy_gb_s']:.1f} GB/s, "
               f"floor {table['floor_ms']:.2f} ms")
+        printed = Table(*table["rows"][0])
         for row in table["rows"]:
-            print("  " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                                   for k, v in row.items()))
+            printed.row(*row.values())
     results: dict[str, list[dict]] = {name: [] for name in args.engines}
     for round_number in range(args.rounds):
         for name in args.engines:
@@ -363,16 +364,13 @@ def main() -> None:
             row[key] = statistics.median(r[key] for r in runs)
         rows.append(row)
     base = next((r for r in rows if r["engine"] == "llama.cpp"), None)
-    print(f"\n{'engine':36s} {'greedy tok/s':>12s} {'vs llama.cpp':>12s} {'sampled':>8s} "
-          f"{'batch 16':>9s} {'RSS b1':>7s} {'RSS MiB':>8s} {'start s':>8s} {'tok/step':>8s}")
+    engines = Table("engine", "greedy tok/s", "vs llama.cpp", "sampled tok/s", "batch 16 tok/s", "RSS b1 MiB",
+                    "peak RSS MiB", "start-up s", "tok/step", digits=1)
     for row in rows:
         ratio = row["greedy"] / base["greedy"] if base else float("nan")
-        print(f"{row['engine']:36s} {row['greedy']:12.1f} {ratio:11.2f}x "
-              f"{row.get('sampled', float('nan')):8.1f} {row.get('batch16', float('nan')):9.1f} "
-              f"{row['rss_batch1_mib']:7.0f} {row['peak_rss_mib']:8.0f} {row['startup_s']:8.2f} "
-              f"{row.get('greedy_tokens_per_step', float('nan')):8.2f}")
-    from common import write_json
-
+        engines.row(row["engine"], row["greedy"], f"{ratio:.2f}x", row.get("sampled", float("nan")),
+                    row.get("batch16", float("nan")), f"{row['rss_batch1_mib']:.0f}", f"{row['peak_rss_mib']:.0f}",
+                    f"{row['startup_s']:.2f}", f"{row.get('greedy_tokens_per_step', float('nan')):.2f}")
     write_json(args.out, torch.device("cpu"), rows, kernels=kernels, max_tokens=args.max_tokens,
                rounds=args.rounds, prompts=PROMPTS)
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 from serve import PROMPTS  # bench/serve.py's chat prompts
 
 
@@ -109,11 +109,11 @@ def main() -> None:
     identical = all(row["choices"] == rows[0]["choices"] for row in rows)
     print(f"{args.requests} chat requests, max_tokens {args.max_tokens}; bare ray.init + shutdown: {startup:.2f} s; "
           f"identical choices in every configuration: {'yes' if identical else 'NO'}")
-    print("| configuration | wall s | first record s | first to last s | tokens | tok/s first to last | tok/s wall |")
-    print("|---|---|---|---|---|---|---|")
+    table = Table("configuration", "wall s", "first record s", "first to last s", "tokens", "tok/s first to last",
+                  "tok/s wall", digits=1)
     for row in rows:
-        print(f"| {row['config']} | {row['wall_s']:.1f} | {row['first_record_s']:.1f} | {row['first_to_last_s']:.1f} "
-              f"| {row['tokens']} | {_rate(row['tok_s_first_to_last'])} | {row['tok_s_wall']:.1f} |")
+        table.row(row["config"], row["wall_s"], row["first_record_s"], row["first_to_last_s"], row["tokens"],
+                  _rate(row["tok_s_first_to_last"]), row["tok_s_wall"])
     for row in rows:
         del row["choices"]
     write_json(args.out, torch.device("cpu"), rows, requests=args.requests, max_tokens=args.max_tokens,

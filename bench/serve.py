@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx2
 import openai
 import torch
-from common import write_json
+from common import Table, write_json
 
 from verispec.model.loader import converted_checkpoint_dir, default_model_path
 from verispec.model.tokenizer import Tokenizer
@@ -204,14 +204,14 @@ def main() -> None:
             process.wait(timeout=60)
     baseline_name = "transformers-cb" if "transformers-cb" in args.servers else "transformers"
     baseline = {r["concurrency"]: r["output_tok_per_s"] for r in rows if r["server"] == baseline_name}
-    print(f"\n{'server':<16}{'conc':>5}{'req/s':>8}{'tok/s':>9}{'vs HF':>7}{'TTFT p50':>10}{'p99':>8}"
-          f"{'ITL p50':>9}{'p99':>8}   (ms; vs {baseline_name})")
+    table = Table("server", "clients", "req/s", "tok/s", f"vs {baseline_name}", "TTFT p50 ms", "TTFT p99 ms",
+                  "ITL p50 ms", "ITL p99 ms")
     nan = float("nan")
     for r in rows:
         ratio = r["output_tok_per_s"] / baseline[r["concurrency"]] if r["concurrency"] in baseline else nan
-        print(f"{r['server']:<16}{r['concurrency']:>5}{r['requests_per_s']:>8.2f}{r['output_tok_per_s']:>9.1f}"
-              f"{ratio:>7.2f}{r.get('ttft_p50_ms', nan):>10.0f}{r.get('ttft_p99_ms', nan):>8.0f}"
-              f"{r.get('itl_p50_ms', nan):>9.1f}{r.get('itl_p99_ms', nan):>8.1f}")
+        table.row(r["server"], r["concurrency"], r["requests_per_s"], f"{r['output_tok_per_s']:.1f}", ratio,
+                  f"{r.get('ttft_p50_ms', nan):.0f}", f"{r.get('ttft_p99_ms', nan):.0f}",
+                  f"{r.get('itl_p50_ms', nan):.1f}", f"{r.get('itl_p99_ms', nan):.1f}")
     write_json(args.out, torch.device("cpu"), rows, requests=args.requests, max_tokens=args.max_tokens)
 
 

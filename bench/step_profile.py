@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 from torch.profiler import ProfilerActivity, profile
 
 from verispec import LLM, SamplingParams
@@ -95,19 +95,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     on_gpu = torch.device(args.device).type == "cuda"
     rows = []
-    print(f"{'draft':<8} {'batch':>5} {'steps':>5} {'tok/s':>8} {'wall ms/step':>12} {'busy ms/step':>12}"
-          f" {'overhead':>8} {'launches/step':>13}")
+    table = Table("draft", "batch", "steps", "tok/s", "wall ms/step", "busy ms/step", "overhead", "launches/step")
     for draft in args.draft:
         llm = LLM(args.model, draft=draft, dtype=args.dtype, device=args.device, kv_cache_gib=0.5,
                   max_num_seqs=max(args.batch), progress=False)
         for batch in args.batch:
             row = dict(profile_one(llm, batch, args.max_tokens, on_gpu, args.rounds), draft=draft)
             rows.append(row)
-            print(f"{draft:<8} {batch:>5} {row['steps']:>5} {row['tok_per_s']:>8.1f} {row['wall_ms_per_step']:>12.2f}"
-                  f" {row['busy_ms_per_step']:>12.2f} {row['overhead_share']:>8.0%}"
-                  f" {row['launches_per_step']:>13.0f}")
-            for name, us, count in row["top_device_kernels_us_per_step"] or row["top_host_ops_us_per_step"]:
-                print(f"    {us:>9.1f} us {count:>6.1f}x  {name}")
+            table.row(draft, batch, row["steps"], f"{row['tok_per_s']:.1f}", row["wall_ms_per_step"],
+                      row["busy_ms_per_step"], f"{row['overhead_share']:.0%}", f"{row['launches_per_step']:.0f}")
+    print()
+    ops = Table("draft", "batch", "µs / step", "calls / step", "kernel or op (the costliest)", digits=1)
+    for row in rows:
+        for name, us, count in row["top_device_kernels_us_per_step"] or row["top_host_ops_us_per_step"]:
+            ops.row(row["draft"], row["batch"], us, count, name)
     write_json(args.json, torch.device(args.device), rows)
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 
 from verispec import SamplingParams
 from verispec.engine.llm import LLM
@@ -83,19 +83,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/structured.json"))
     args = parser.parse_args()
     rows = []
+    table = None
     for draft in args.drafts:
         llm = LLM(draft=draft, num_speculative_tokens=4, progress=False)
         if not rows:
             costs = grammar_costs(llm, reps=5)
             print(f"schema compile {costs['compile_ms']:.2f} ms, mask {costs['mask_us_per_row']:.1f} us per row")
+            table = Table("draft", "batch", "tok/s plain", "tok/s with the schema", "ratio", "acceptance", "valid")
         for batch in args.batches:
             plain, constrained = (run(llm, batch, args.max_tokens, schema) for schema in (False, True))
             row = {"draft": draft, "batch": batch, "plain": plain, "schema": constrained,
                    "schema_over_plain": constrained["tok_s"] / plain["tok_s"]}
             rows.append(row)
-            print(f"{draft:6s} batch {batch:2d}: {plain['tok_s']:7.1f} tok/s plain, {constrained['tok_s']:7.1f} with "
-                  f"the schema ({row['schema_over_plain']:.2f}x), acceptance {constrained['acceptance']}, "
-                  f"{constrained['valid']}/{batch} valid")
+            table.row(draft, batch, f"{plain['tok_s']:.1f}", f"{constrained['tok_s']:.1f}",
+                      f"{row['schema_over_plain']:.2f}x", constrained["acceptance"], f"{constrained['valid']}/{batch}")
     write_json(args.out, torch.device("cpu"), rows, **costs)
 
 

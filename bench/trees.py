@@ -25,7 +25,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import Table, write_json
 from drafters import load, run_batch1
 
 from verispec import SamplingParams
@@ -80,8 +80,8 @@ def main() -> None:
     print(f"{len(prompts)} prompts ({args.per_category} per category), max_tokens {args.max_tokens}, "
           f"{args.threads} threads, batch 1, drafter {args.draft}, sampled rows at T = 0.7, top-p {args.top_p}"
           + (f", chains and blocks by {args.chain_draft}" if args.chain_draft else ""))
-    print(f"{'mode':>7} {'drafts':>18} {'rows':>5} {'rows/step':>9} {'accept len':>10} {'x chain':>7} "
-          f"{'tok/s':>7} {'x none':>6}")
+    table = Table("mode", "drafts", "rows", "rows/step", "accept len", "x chain", "tok/s", "x none",
+                  "same tokens as none")
     rows = []
     for mode, params in (("greedy", SamplingParams(temperature=0, max_tokens=args.max_tokens)),
                          ("T=0.7", SamplingParams(temperature=0.7, top_p=args.top_p, max_tokens=args.max_tokens))):
@@ -92,9 +92,8 @@ def main() -> None:
             same = r["outputs"] == results["none"]["outputs"] if mode == "greedy" else None
             chain = chain_at.get(planned[name]) if not name.startswith(("chain", "none")) else None
             vs_chain = r["mean_acceptance_length"] / results[chain]["mean_acceptance_length"] if chain else None
-            print(f"{mode:>7} {name:>18} {planned[name]:5d} {r['rows_per_step']:9.2f} "
-                  f"{r['mean_acceptance_length']:10.2f} {'' if vs_chain is None else f'{vs_chain:.2f}':>7} "
-                  f"{r['tok_s']:7.1f} {ratio:6.2f}" + ("" if same is None else f"   same tokens as none: {same}"))
+            table.row(mode, name, planned[name], r["rows_per_step"], r["mean_acceptance_length"],
+                      "" if vs_chain is None else vs_chain, f"{r['tok_s']:.1f}", ratio, "" if same is None else same)
             rows.append({"mode": mode, "drafts": name, "planned_rows": planned[name], "speedup_vs_none": ratio,
                          "acceptance_vs_chain": vs_chain, "same_as_none": same,
                          **{k: v for k, v in r.items() if k != "outputs"}})

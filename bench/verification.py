@@ -19,7 +19,7 @@ import itertools
 from pathlib import Path
 
 import torch
-from common import measure, write_json
+from common import Table, measure, write_json
 
 from verispec import SamplingMetadata, SamplingParams
 from verispec.sample import DraftProbs, rejection_sample
@@ -54,9 +54,8 @@ def main() -> None:
     device = torch.device("cpu")
 
     rows = []
-    print("| V | K | draft quality | T | accepted token-wise | accepted block | gain ± se | ratio | "
-          "time token-wise | time block |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = Table("V", "K", "draft quality", "T", "accepted token-wise", "accepted block", "gain ± se", "ratio",
+                  "time token-wise", "time block", digits=3)
     for vocab, k, quality, temperature in itertools.product(args.vocab, args.k, args.quality, args.temperature):
         accepted = {"token": [], "block": []}
         cu = torch.arange(args.batch + 1) * k
@@ -84,10 +83,9 @@ def main() -> None:
                          accepted_block=accepted["block"], gain=accepted["block"] - accepted["token"],
                          gain_se=gain_se, ratio=ratio,
                          seconds_token=seconds["token"], seconds_block=seconds["block"]))
-        print(f"| {vocab:,} | {k} | {quality} | {temperature} | {accepted['token']:.3f} | "
-              f"{accepted['block']:.3f} | {accepted['block'] - accepted['token']:+.3f} ± {gain_se:.3f} | "
-              f"{ratio:.3f}× | {seconds['token'] * 1e3:.2f} ms | "
-              f"{seconds['block'] * 1e3:.2f} ms |", flush=True)
+        table.row(f"{vocab:,}", k, quality, temperature, accepted["token"], accepted["block"],
+                  f"{accepted['block'] - accepted['token']:+.3f} ± {gain_se:.3f}", f"{ratio:.3f}×",
+                  f"{seconds['token'] * 1e3:.2f} ms", f"{seconds['block'] * 1e3:.2f} ms")
     write_json(args.json, device, rows, batch=args.batch, steps=args.steps, scale=args.scale)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from common import copy_bandwidth, measure, write_json
+from common import Table, copy_bandwidth, measure, write_json
 
 from verispec import SamplingMetadata, SamplingParams
 from verispec.sample import DraftProbs, rejection_sample
@@ -127,11 +127,9 @@ def main() -> None:
         backends.append("triton")
     bandwidth = copy_bandwidth(device)
     rows = []
-    header = f"{'B':>4} {'K':>2} {'V':>7} {'dtype':>8} {'mode':>12} {'floor':>10} {'baseline':>11}" + "".join(
-        f" {b:>11} {'ratio':>6}" for b in backends
-    )
     print(f"device={device} threads={args.threads} copy bandwidth={bandwidth / 1e9:.1f} GB/s")
-    print(header)
+    table = Table("B", "K", "V", "dtype", "mode", "floor µs", "baseline µs",
+                  *(f"{b} {unit}" for b in backends for unit in ("µs", "speed-up")), digits=1)
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
         for vocab in args.vocab:
@@ -141,13 +139,9 @@ def main() -> None:
                         row = run_case(batch, k, vocab, mode, dtype, device, args.reps, backends)
                         row["floor_s"] = row["bytes"] / bandwidth
                         rows.append(row)
-                        line = (
-                            f"{batch:>4} {k:>2} {vocab:>7} {dtype_name:>8} {mode:>12}"
-                            f" {row['floor_s'] * 1e6:>8.1f}us {row['baseline_s'] * 1e6:>9.1f}us"
-                        )
-                        for b in backends:
-                            line += f" {row[f'{b}_s'] * 1e6:>9.1f}us {row[f'{b}_speedup']:>5.2f}x"
-                        print(line, flush=True)
+                        table.row(batch, k, vocab, dtype_name, mode, row["floor_s"] * 1e6, row["baseline_s"] * 1e6,
+                                  *(cell for b in backends
+                                    for cell in (row[f"{b}_s"] * 1e6, f"{row[f'{b}_speedup']:.2f}x")))
     write_json(args.json, device, rows, copy_bandwidth_bytes_per_s=bandwidth)
 
 

@@ -74,13 +74,13 @@ SAMPLED_VOCAB = 8
 SAMPLED_PROMPT = [1, 2, 3]
 
 
-def sampled_world(kind: str, cfg: bool, max_tokens: int,
+def sampled_world(kind: str, cfg: bool, max_tokens: int, prompt: list[int] = SAMPLED_PROMPT,
                   ) -> tuple[LlamaModel, Head, SamplingParams, Callable[[list[int]], torch.Tensor]]:
     """The setting of the sampled (chi-square) tests of learned drafters: a target of
     SAMPLED_VOCAB tokens, an untrained head of `kind` (as `head_config` takes it) whose draft vocabulary
     leaves tokens 6 and 7 out (q = 0 there), temperature 0.7 / top-p 0.9 (and CFG at 1.5 with
     the negative prompt [5, 6]); and dist(tokens) [V]: the target's own distribution of the
-    token after SAMPLED_PROMPT + tokens."""
+    token after `prompt` + tokens."""
     from .engine.test_cfg import _guided
     from .engine.test_engine import _dist
 
@@ -91,7 +91,7 @@ def sampled_world(kind: str, cfg: bool, max_tokens: int,
 
     def dist(tokens: list[int]) -> torch.Tensor:  # [V]
         if cfg:
-            return _guided(model, SAMPLED_PROMPT + tokens, [5, 6, *tokens], params)
-        return _dist(model, SAMPLED_PROMPT + tokens, params)
+            return _guided(model, prompt + tokens, [5, 6, *tokens], params)
+        return _dist(model, prompt + tokens, params)
 
     return model, head, params, dist

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,23 @@ def test_generate_streams_text_and_prints_a_summary(checkpoint, capsys) -> None:
     assert len(out.split()) == 12 and all(w.startswith("t") for w in out.split())
     assert "12 tokens in" in err and "tok/s" in err and "finish: length" in err
     assert "0 of 7 prompt tokens cached" in err  # a fresh process has nothing cached
+
+
+def test_the_command_as_a_process_collects_again_once_loaded(checkpoint, tmp_path, capsys) -> None:
+    """Run as the `verispec` process (main() reading sys.argv), garbage collection is off through
+    start-up and back on once the model is loaded, what was built frozen; the text is main(argv)'s
+    in a process that goes on (where collection is never touched)."""
+    argv = ["generate", "--model", checkpoint, "--no-chat", "--temperature", "0", "--max-tokens", "6", "t1 t2 t3 t1"]
+    script = (f"import gc, sys\nfrom verispec.cli import main\nsys.argv = ['verispec', *{argv!r}]\n"
+              "code = main()\nprint('|', code, gc.isenabled(), gc.get_freeze_count() > 0)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "VERISPEC_CACHE_DIR": str(tmp_path)})
+    text, _, state = done.stdout.rpartition("|")
+    assert state.split() == ["0", "True", "True"], done.stderr
+    frozen = gc.get_freeze_count()
+    assert main(argv) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    assert text.split() == capsys.readouterr().out.split()
 
 
 def test_no_prefix_caching_gives_the_same_text(checkpoint, capsys) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from verispec.files import CHECKSUM_CHUNK, atomic_path, checksum, intact, seal
+from verispec.files import CHECKSUM_CHUNK, atomic_path, checksum, damaged_later, intact, seal
 
 from .damage import flip_middle
 
@@ -44,3 +44,14 @@ def test_the_checksum_depends_on_every_chunk_and_on_the_length(tmp_path) -> None
     assert checksum(path) != before
     path.write_bytes(data + b"\0")
     assert checksum(path).split(":")[0] == str(3 * CHECKSUM_CHUNK + 1)
+
+
+def test_damaged_later_names_the_files_that_are_not_intact(tmp_path) -> None:
+    paths = [tmp_path / f"{name}.bin" for name in "abcd"]
+    for path in paths:
+        path.write_bytes(os.urandom(CHECKSUM_CHUNK + 7))
+        seal(path)
+    flip_middle(paths[1], 1)
+    paths[3].unlink()
+    assert damaged_later(paths)() == [paths[1], paths[3]]
+    assert damaged_later(paths[::2])() == []

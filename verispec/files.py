@@ -7,7 +7,8 @@ cut and patched) load as plausible weights and produce garbage without an error.
 file's checksum beside it (NAME.crc32) and `intact` compares it with the bytes before they are
 used; a cache reader that finds a file not intact logs it and builds the file again. CRC-32 (not
 a cryptographic hash: this guards against accidents, and the cache is the user's own) over
-memory-mapped 8 MiB chunks on all cores, since zlib releases the GIL: ~100 MB in tens of ms.
+memory-mapped 8 MiB chunks on all cores, since zlib releases the GIL: ~100 MB in tens of ms, and
+`damaged_later` checks files on another thread while the caller reads them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -105,3 +106,13 @@ def intact(path: str | os.PathLike[str]) -> bool:
         return _checksum_path(path).read_text().strip() == checksum(path)
     except (OSError, ValueError):
         return False
+
+
+def damaged_later(paths: Sequence[Path]) -> Callable[[], list[Path]]:
+    """Starts checking `paths` (`intact`) on another thread, so that a caller's own work (reading
+    them, mostly holding the GIL) runs beside it; the function returned waits for the check and
+    gives the paths that are not intact."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-checksum")
+    check = pool.submit(lambda: [path for path in paths if not intact(path)])
+    pool.shutdown(wait=False)
+    return check.result

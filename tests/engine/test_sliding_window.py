@@ -118,7 +118,15 @@ def test_outputs_and_drafts_equal_with_blocks_released(kind) -> None:
     released.scheduler.schedule = counted
     got = run(released, check)
     want = run(engine(model, kind, False, 256))
-    assert list(got.values()) == list(want.values())
+    if kind == "eagle":
+        # The head drafts over holes for the greedy requests (spec_decode/features.py): where the
+        # target took a prefix from its cache (kept in the roomy one, evicted or preempted in the
+        # small one) their drafts differ, never their tokens; seeded requests' drafts match too.
+        invariant = [p.seed is not None for _, p in requests()] + [False]
+        assert [g if keep else g[:2] for g, keep in zip(got.values(), invariant)] == \
+            [w if keep else w[:2] for w, keep in zip(want.values(), invariant)]
+    else:
+        assert list(got.values()) == list(want.values())
     assert all(reason == "length" for reason, *_ in got.values())
     assert seen["holes"] > 0 and seen["preempted"]
     if kind != "none":

@@ -178,7 +178,7 @@ def test_int8_weights(family, tmp_path, monkeypatch, caplog) -> None:
         assert (decode - prefill).abs().max() < 0.02 * prefill.abs().max()
     with caplog.at_level(logging.WARNING, logger="verispec"):
         cached, _ = load_model(family.directory, quantization="int8", progress=False)
-    assert "ignoring the cached" not in caplog.text and list(tmp_path.glob("*/model.pt"))
+    assert "ignoring the cached" not in caplog.text and list(tmp_path.glob("*/model.safetensors"))
     assert cached.config == quantized.config  # read back from the cache: every option kept
     assert torch.equal(run_schedule(cached, [ids], [[24]])[0], prefill)
 

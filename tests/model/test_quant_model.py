@@ -119,15 +119,19 @@ def test_a_quantized_model_is_cached_and_a_damaged_cache_rebuilt(tmp_path, monke
 
     first = load()
     (entry,) = tmp_path.glob("*-int4-g32")
-    saved = (entry / "model.pt").stat().st_mtime_ns
+    saved = (entry / "model.safetensors").stat().st_mtime_ns
     assert torch.equal(load(), first)  # read back from the cache, not rebuilt
-    assert (entry / "model.pt").stat().st_mtime_ns == saved
-    (entry / "model.pt").write_bytes(b"not a model")
+    assert (entry / "model.safetensors").stat().st_mtime_ns == saved
+    (entry / "model.safetensors").write_bytes(b"not a model")
     assert torch.equal(load(), first)  # ignored, rebuilt and rewritten
-    assert (entry / "model.pt").stat().st_size > 100
+    assert (entry / "model.safetensors").stat().st_size > 100
+    (entry / "model.safetensors").unlink()  # an entry as format 4 and older left it
+    (entry / "model.pt").write_bytes(b"a torch.save pickle")
+    assert torch.equal(load(), first)
+    assert not (entry / "model.pt").exists()
 
 
-@pytest.mark.parametrize("name", ["model.pt", "tokenizer.json"])
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
 def test_bytes_changed_in_the_cached_quantized_model_are_caught_and_rebuilt(tmp_path, monkeypatch, caplog,
                                                                           tiny_checkpoint, name) -> None:
     """Changed bytes that still load (weights read as other weights) are a damaged cache too."""

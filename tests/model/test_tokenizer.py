@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import tokenizers
 
 from verispec.model import IncrementalDecoder, Tokenizer
 from verispec.model.chat_template import CHATML_TEMPLATE
@@ -99,6 +102,27 @@ def test_save_and_reload(tmp_path) -> None:
     assert again.encode(text) == tokenizer.encode(text)
     assert (again.bos_token_id, again.eos_token_id) == (1, 2)
     assert again.chat_template == CHATML_TEMPLATE
+
+
+def test_the_saved_json_is_the_quick_form_of_the_same_tokenizer(tmp_path, smollm) -> None:
+    """tokenizer.json is read at every start-up, so it is written as it loads fastest: on one line,
+    merges as "a b"; what is read back is the tokenizer saved."""
+    smollm.save(tmp_path)
+    text = (tmp_path / "tokenizer.json").read_text(encoding="utf-8")
+    merges = json.loads(text)["model"]["merges"]
+    assert "\n" not in text and len(merges) == 48900 and all(isinstance(m, str) for m in merges)
+    assert Tokenizer.from_directory(tmp_path).backend.to_str() == smollm.backend.to_str()
+
+
+def test_merges_of_tokens_with_spaces_keep_their_pairs(tmp_path) -> None:
+    """"a b" cannot spell the merge of "a " and "b": such a vocabulary keeps ["a ", "b"] (read as
+    "a  b" it would not load)."""
+    vocab = {"a": 0, " ": 1, "b": 2, "a ": 3, "a b": 4}
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [("a", " "), ("a ", "b")]))
+    Tokenizer(backend, None, None).save(tmp_path)
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["merges"] == [["a", " "], ["a ", "b"]]
+    again = Tokenizer.from_directory(tmp_path)
+    assert again.backend.to_str() == backend.to_str() and again.encode("a b") == [4]
 
 
 def test_qwen2_pre_tokenizer_splits_single_digits() -> None:

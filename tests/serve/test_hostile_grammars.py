@@ -2,7 +2,8 @@
 empty language and a grammar that exhausts the grammar engine's budget are 400s naming the field
 before generation (and ValueErrors offline); a grammar that dead-ends mid-generation ends its
 request with a 400 (streamed: an invalid_request_error event), never a 500; guided_choice takes
-10,000 choices; and a stream's chunks keep coming while hostile requests are checked."""
+10,000 choices; and hostile requests (tools among them) delay another client's stream by at most
+50 ms."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import json
 import threading
 import time
 
+import httpx2
 import openai
 import pytest
+import torch
 
 from verispec import SamplingParams
 from verispec.structured.choice import choice_grammar
@@ -24,12 +27,29 @@ EXHAUSTING_REGEX = "(a{1000}){1000}"  # the lexer runs out of expressions within
 DEAD_END_REGEX = "ab\u00e9"  # no token of the tiny vocabulary spells é: stuck after "ab"
 
 
+STALL_BOUND_S = 0.05  # the most a hostile request may delay another client's stream (the issue's)
+
+
 @pytest.fixture(scope="module")
-def client(checkpoint):
-    """A server of its own: the load these tests make would skew the step costs the session's
-    server learns (adaptive K), and with them other tests' drafting."""
-    with serving(make_llm(checkpoint), MODEL) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+def served(checkpoint):
+    """(url, client) of a server of its own: the load these tests make would skew the step costs
+    the session's server learns (adaptive K), and with them other tests' drafting. Its engine
+    computes on one torch thread, as `verispec serve --threads 1` would on a 2-core machine,
+    leaving a core to the work that prepares requests (and to this test's client): with torch's
+    parallel regions on every core, any work beside them makes a step wait for the thread the
+    OS set aside, and the stall test would measure that rather than the server's blocking."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with serving(make_llm(checkpoint), MODEL) as url:
+            yield url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
 
 
 def _refused(client, **extra) -> dict:
@@ -73,26 +93,45 @@ def test_ten_thousand_choices(client) -> None:
         assert reply.choices[0].message.content in choices and reply.choices[0].finish_reason == "stop"
 
 
-def _largest_gap(client, hostile: list[dict] | None) -> tuple[float, list[float]]:
-    """The largest gap between two chunks of a 150-token stream (after its first chunk) while
-    `hostile` requests (each on its own thread) arrive, and how long each took to be answered."""
-    gaps, answered, last = [], [], None
-    threads = []
+def _hostile_bodies() -> list[tuple[str, bytes]]:
+    """(path, JSON body) of each hostile request: guided_choice lists of 10,000 choices (compiled
+    and run) and 100,000 (2.3 MB, past max_grammar_bytes), grammars that
+    exhaust the engine's budget or allow nothing, tools whose parameter schema is past the size
+    limit, and tools whose grammar is built (then the prompt, the tools in the default preamble,
+    is refused as too long for the tiny model)."""
+    many = [f"w{i:05d}" for i in range(10_000)]
+    too_many = [f"choice number {i}" for i in range(100_000)]
+    wide = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 8} for i in range(6_000)}}
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {"x": {"enum": [f"v{i}-{j}" for j in range(300)]}}}}} for i in range(40)]
+    completions = [{"guided_choice": many}, {"guided_choice": too_many}, {"guided_regex": EXHAUSTING_REGEX},
+                   {"guided_json": LOOPING_SCHEMA}, {"guided_regex": EMPTY_REGEX}]
+    chats = [{"tools": [{"type": "function", "function": {"name": "wide", "parameters": wide}}],
+              "tool_choice": "required"}, {"tools": tools, "tool_choice": "required"}]
+    return [("/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 4} | extra).encode())
+            for extra in completions] + \
+        [("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 4} | extra).encode()) for extra in chats]
 
-    def send(extra: dict) -> None:
-        start = time.monotonic()
-        try:
-            client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body=extra)
-        except openai.BadRequestError:
-            pass
-        answered.append(time.monotonic() - start)
+
+def _largest_gap(client, url: str, hostile: list[tuple[str, bytes]]) -> tuple[float, list[int]]:
+    """The largest gap between two chunks of a 150-token stream (after its first chunk) while
+    the `hostile` requests (each from its own thread) arrive, and their status codes. The bodies
+    are encoded beforehand: the server shares this process's interpreter, and encoding 2 MB
+    here would stall it as the server's own work would."""
+    gaps, statuses, last = [], [], None
+    threads = []
+    http = httpx2.Client(base_url=url, timeout=120)  # made now: a client loads certificates (GIL-held)
+
+    def send(path: str, body: bytes) -> None:
+        statuses.append(http.post(path, content=body, headers={"content-type": "application/json"}).status_code)
 
     stream = client.completions.create(model=MODEL, prompt="Once", max_tokens=150, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True, "num_speculative_tokens": 0})
     for chunk in stream:
         now = time.monotonic()
         if last is None:  # the stream is under way: let the hostile requests in
-            threads = [threading.Thread(target=send, args=(extra,)) for extra in hostile or []]
+            threads = [threading.Thread(target=send, args=request) for request in hostile]
             for t in threads:
                 t.start()
         else:
@@ -100,35 +139,33 @@ def _largest_gap(client, hostile: list[dict] | None) -> tuple[float, list[float]
         last = now
     for t in threads:
         t.join(timeout=120)
-    return max(gaps), answered
+    http.close()
+    return max(gaps), statuses
 
 
-def test_hostile_requests_do_not_stall_other_streams(client) -> None:
-    """The issue's bound is 50 ms. On the shared, loaded 2-core test machine a stream's largest
-    gap varies by tens of milliseconds with no hostile request at all (24 to 80 ms measured), so
-    the assertion is relative: with hostile requests the largest gap stays within 50 ms of the
-    largest without them (measured just before) plus 100 ms of slack for the load, in one of up
-    to three tries. It is meaningful: the grammar work the server did on its event loop before
-    (building and validating a request's grammar: here 100,000 choices) is asserted to take
-    longer than that bound, and its whole length was the stall (2.9 s for the issue's 50,000
-    rule-form choices). The figures are printed (pytest -s)."""
-    many = [f"choice number {i}" for i in range(20_000)]  # under max_grammar_bytes: compiled and run
-    too_many = [f"choice number {i}" for i in range(100_000)]  # over it: refused once validated
+def test_hostile_requests_do_not_stall_other_streams(served) -> None:
+    """The issue's bound: hostile requests delay no other stream by more than 50 ms. The delay is
+    the stream's largest gap between chunks with hostile requests arriving, less its largest gap
+    without them (measured just before: a stream on a 2-core machine has gaps of its own, 5 to
+    10 ms on an idle one, tens of milliseconds beside other load). Other work on the machine
+    (the test suite runs on shared 2-core machines) can stretch either run, so the bound must
+    hold in one of up to five tries. The test can fail: the grammar work the server did on its
+    event loop before is asserted to take longer than the bound (2.9 s for the issue's 50,000
+    rule-form choices; every stream waited it out). The figures are printed (pytest -s)."""
+    url, client = served
     start = time.monotonic()
-    SamplingParams(grammar=choice_grammar(too_many))  # what the event loop used to do for it
+    SamplingParams(grammar=choice_grammar([f"choice number {i}" for i in range(100_000)]))  # the old on-loop work
     work = time.monotonic() - start
-    hostile = [{"guided_choice": many}, {"guided_choice": too_many}, {"guided_regex": EXHAUSTING_REGEX},
-               {"guided_json": LOOPING_SCHEMA}, {"guided_regex": EMPTY_REGEX}]
-    tries = []
-    for _ in range(3):
-        quiet, _ = _largest_gap(client, None)
-        loud, answered = _largest_gap(client, hostile)
-        assert len(answered) == len(hostile)
-        tries.append((loud, quiet + 0.05 + 0.1))
+    hostile = _hostile_bodies()
+    delays = []
+    for _ in range(5):
+        quiet, _ = _largest_gap(client, url, [])
+        loud, statuses = _largest_gap(client, url, hostile)
+        assert sorted(statuses) == [200] + [400] * (len(hostile) - 1), statuses  # only the 10,000 choices run
+        delays.append(loud - quiet)
         print(f"largest gap: {loud * 1000:.1f} ms with hostile requests, {quiet * 1000:.1f} ms without; "
-              f"the old on-loop work alone: {work * 1000:.0f} ms; hostile answered in "
-              f"{', '.join(f'{a * 1000:.0f}' for a in answered)} ms")
-        if loud < tries[-1][1]:
+              f"the old on-loop work alone: {work * 1000:.0f} ms")
+        if delays[-1] <= STALL_BOUND_S:
             break
-    assert any(loud < bound for loud, bound in tries), tries
-    assert work > max(bound for _, bound in tries), (work, tries)
+    assert min(delays) <= STALL_BOUND_S, [round(d * 1000) for d in delays]
+    assert work > 5 * STALL_BOUND_S, work

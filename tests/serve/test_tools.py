@@ -33,13 +33,19 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
+# The tiny vocabulary's first unused token spells "<tool_call>" here, as one token of Qwen's
+# vocabulary does: a logit bias on it makes the random model begin a call where it pleases.
+TOOL_CALL_TOKEN = tiny_vocab()[0].index("<unused0>")
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    """The serve tests' tiny checkpoint with a longer context: the default tool preamble is
-    about 900 of its (mostly one-character) tokens."""
+    """The serve tests' tiny checkpoint with a longer context (the default tool preamble is
+    about 900 of its mostly one-character tokens) and a "<tool_call>" token (TOOL_CALL_TOKEN)."""
     directory = tmp_path_factory.mktemp("tools-tiny")
     make_hf_tiny(tied=False, max_position_embeddings=2048).save_pretrained(directory)
     tokens, types, merges = tiny_vocab()
+    tokens[TOOL_CALL_TOKEN] = "<tool_call>"
     backend = build_bpe_tokenizer("llama-bpe", tokens, types, merges, bos_token_id=0, add_bos=True)
     Tokenizer(backend, bos_token_id=0, eos_token_id=2, chat_template=BOS_TEMPLATE).save(directory)
     return str(directory)
@@ -102,14 +108,20 @@ def test_required_and_named_calls_streamed_and_not(client, choice) -> None:
 
 
 def test_parallel_calls(client) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                           temperature=1.0, seed=5, max_tokens=200, n=4)
+    """Seeded answers with one call or more, streamed and not: the streamed calls (indexed 0,
+    1, ...) are the whole answer's."""
     counts = []
-    for choice in reply.choices:
+    for seed in range(5, 9):
+        kwargs = dict(messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)
+        choice = client.chat.completions.create(model=MODEL, **kwargs).choices[0]
         calls = _valid(choice.message.tool_calls)
         counts.append(len(calls))
         # A parallel answer ends by itself or runs into max_tokens (a cut last call is left out).
         assert choice.finish_reason in ("tool_calls", "length") and calls
+        content, streamed, finish = _streamed(client, **kwargs)
+        assert content == "" and finish == choice.finish_reason
+        whole = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert streamed[:len(whole)] == whole and len(streamed) <= len(whole) + 1  # + a cut last one
     assert max(counts) > 1, counts  # with a random model, more than one call somewhere
 
 
@@ -125,6 +137,34 @@ def test_auto_and_none(client) -> None:
     plain = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=40)
     assert none.choices[0].message.tool_calls is None
     assert none.choices[0].message.content == plain.choices[0].message.content  # no preamble, no grammar
+
+
+def test_auto_reads_and_constrains_a_call_the_model_begins(client, checkpoint, reference) -> None:
+    """A logit bias on the "<tool_call>" token makes the model begin a call, by itself, in auto
+    mode; from there the grammar holds it to the tools' schemas and the server reads the call
+    out: message.tool_calls and finish_reason "tool_calls", streamed and not, the same with and
+    without drafts, and valid in every seeded sampled answer."""
+    bias = {str(TOOL_CALL_TOKEN): 100}
+    kwargs = dict(messages=ASK, tools=TOOLS, temperature=0, max_tokens=120, parallel_tool_calls=False,
+                  logit_bias=bias)
+    reply = client.chat.completions.create(model=MODEL, **kwargs)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert len(_valid(message.tool_calls)) == 1
+    content, streamed, finish = _streamed(client, **kwargs)
+    assert content == "" and finish == "tool_calls"
+    assert streamed == [(c.function.name, c.function.arguments) for c in message.tool_calls]
+    params = SamplingParams(temperature=0, max_tokens=120, logit_bias={TOOL_CALL_TOKEN: 100})
+    plain = _llm(checkpoint, draft="none")
+    outs = [llm.chat(ASK, params, use_tqdm=False, tools=TOOLS, parallel_tool_calls=False)[0]
+            for llm in (plain, reference)]
+    assert outs[0].token_ids == outs[1].token_ids and outs[1].stats.num_draft_tokens > 0
+    assert [(c.name, c.arguments) for c in outs[0].tool_calls] == streamed
+    unbiased = client.chat.completions.create(model=MODEL, **kwargs | {"logit_bias": None})
+    assert unbiased.choices[0].message.tool_calls is None  # the random model alone writes text
+    sampled = client.chat.completions.create(model=MODEL, **kwargs | {"temperature": 1.0, "seed": 3, "n": 8})
+    for choice in sampled.choices:
+        assert choice.finish_reason == "tool_calls" and len(_valid(choice.message.tool_calls)) == 1
 
 
 def test_sampled_arguments_always_validate(client) -> None:
@@ -182,6 +222,8 @@ def test_greedy_calls_are_the_same_with_and_without_drafts(client, checkpoint, r
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": json.loads(
         '{"type": "object", "properties": {"x": ' * 20 + '{}' + '}}' * 20)}}]), "tools[0].function.parameters",
      "max_schema_depth"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        f"p{i}": {"type": "string"} for i in range(12_000)}}}}]), "tools", "max_grammar_bytes"),
     (dict(tool_choice="required"), "tool_choice", "without tools"),
     (dict(tools=TOOLS, response_format={"type": "json_object"}), "tool_choice", "both set"),
     (dict(tools=TOOLS, messages=ASK + [{"role": "tool", "content": "3"}]), "messages[1].tool_call_id", "missing"),

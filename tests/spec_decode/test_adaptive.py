@@ -9,7 +9,7 @@ import math
 import pytest
 
 from verispec.config import DraftCost
-from verispec.spec_decode.adaptive import PROBE_COST, AdaptiveK, DraftClaim, TreeGate
+from verispec.spec_decode.adaptive import PROBE_BACKOFF, PROBE_COST, AdaptiveK, DraftClaim, TreeGate
 from verispec.spec_decode.metrics import expected_emitted_tokens
 
 
@@ -61,12 +61,24 @@ def test_acceptance_raises_and_rejection_lowers_k() -> None:
     assert ctl.num_draft_tokens("b") == start  # requests are independent
 
 
-def test_a_request_at_zero_probes_again() -> None:
+def _probe_calls(ctl: AdaptiveK, request_id: str, calls: int) -> list[int]:
+    """The 1-based calls of num_draft_tokens, among `calls`, that answered with drafts."""
+    return [i for i in range(1, calls + 1) if ctl.num_draft_tokens(request_id)]
+
+
+def test_a_request_at_zero_probes_again_ever_more_rarely_while_its_probes_fail() -> None:
     ctl = AdaptiveK(max_k=4, probe_interval=3)
     for _ in range(40):
         ctl.observe("a", 4, 0)
-    ks = [ctl.num_draft_tokens("a") for _ in range(6)]
-    assert ks == [0, 0, 1, 0, 0, 1]
+    # 3 steps, then 6, then 12 = 3 x PROBE_BACKOFF apart, and no further.
+    assert PROBE_BACKOFF == 4 and _probe_calls(ctl, "a", 33) == [3, 9, 21, 33]
+    # Drafts that pay again reset the interval.
+    for _ in range(40):
+        ctl.observe("a", 4, 4)
+    assert ctl.num_draft_tokens("a") > 0
+    for _ in range(40):
+        ctl.observe("a", 4, 0)
+    assert _probe_calls(ctl, "a", 9) == [3, 9]
     ctl.release("a")
     assert ctl.num_draft_tokens("a") > 0
 
@@ -178,15 +190,19 @@ def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> No
         _confident(ctl, rid, 0, 4)
     ctl.num_draft_tokens("a", 2, engine_step=1)  # "a" has idled one step longer than "b"
     probes = {rid: [] for rid in ("a", "b")}
-    for step in range(2, 40):
+    for step in range(2, 80):
         for rid in probes:
             if ctl.num_draft_tokens(rid, 2, engine_step=step) == 1:
                 assert ctl.probing(rid)
                 probes[rid].append(step)
             else:
                 assert not ctl.probing(rid)
-    interval = ctl.probe_interval_at(2)
-    assert probes["a"] == probes["b"] == [s for s in range(2, 40) if s % interval == 0]
+    interval, backoff, expected = ctl.probe_interval_at(2), 1, []
+    for step in range(2, 80):
+        if step % (interval * backoff) == 0:
+            expected.append(step)
+            backoff = min(2 * backoff, PROBE_BACKOFF)
+    assert probes["a"] == probes["b"] == expected and len(expected) >= 3
 
 
 def _productive(gate: TreeGate, request_id: str, accepted: int) -> None:
@@ -211,7 +227,7 @@ def test_a_request_without_a_tree_probes_with_a_whole_tree() -> None:
     _productive(gate, "a", 0)
     # Five probe rows cost 5 x 0.1 / 1.1 = 0.45 of a step, 1.8x PROBE_COST: 3 x 1.8 steps apart.
     assert gate.probe_interval_at(1) == 6
-    assert [gate.num_draft_tokens("a") for _ in range(12)] == [0] * 5 + [5] + [0] * 5 + [5]
+    assert [gate.num_draft_tokens("a") for _ in range(18)] == [0] * 5 + [5] + [0] * 11 + [5]
     assert gate.probing("a")
     # Before its first tree is judged a request probes, whatever the batch.
     assert gate.num_draft_tokens("fresh", 64) == 5 and gate.probing("fresh")

@@ -5,6 +5,7 @@ reading the target's own hidden states, no leaked blocks, head files."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -57,25 +58,40 @@ def test_greedy_output_is_plain_decoding_token_for_token(kind: str) -> None:
     assert alone == plain[:2]
 
 
-def _sampled_pairs(target, drafter: Drafter, params: SamplingParams, n: int, prompt: list[int]) -> torch.Tensor:
+def _sampled_pairs(target, drafter: Drafter, params: SamplingParams, n: int, prompt: list[int],
+                   holes: bool = False) -> torch.Tensor:
+    """holes: unseeded requests (the target takes the prompt's cached blocks, which the head
+    never sees) and an engine that captures hidden states in a random half of its passes, so
+    that the head drafts over holes in its features (spec_decode/features.py)."""
     engine = _engine(target, drafter, k=3, max_seqs=1024)
+    if holes:
+        coin = random.Random(0)
+        engine._capture = lambda scheduled: coin.random() < 0.5
+        first_hole, found = drafter.store.first_hole, []
+        drafter.store.first_hole = lambda *args: found.append(first_hole(*args)) or found[-1]
     for i in range(n):
-        engine.add_request(prompt, dataclasses.replace(params, seed=i))
+        engine.add_request(prompt, dataclasses.replace(params, seed=None if holes else i))
     done = run_all(engine)
     drafted = sum(o.stats.num_draft_tokens for o in done.values())
     accepted = sum(o.stats.num_accepted_tokens for o in done.values())
     assert 0 < accepted < drafted  # the head is poor but not useless
+    if holes:
+        assert sum(h is not None for h in found) > n / 4
     return torch.tensor([o.token_ids[:2] for o in done.values()])
 
 
-@pytest.mark.parametrize("kind,cfg", [("eagle", False), ("medusa", False), ("eagle", True), ("eagle-fused", False)])
-def test_sampled_output_follows_the_target(kind: str, cfg: bool) -> None:
-    """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG with a negative prompt):
-    the first two emitted tokens against p1(y1) p2(y2 | y1) from the target itself. The head
-    is untrained and its draft vocabulary leaves tokens 6 and 7 out (q = 0 there)."""
+@pytest.mark.parametrize("kind,cfg,holes", [("eagle", False, False), ("medusa", False, False), ("eagle", True, False),
+                                            ("eagle-fused", False, False), ("eagle", False, True)])
+def test_sampled_output_follows_the_target(kind: str, cfg: bool, holes: bool) -> None:
+    """20,000 seeded requests at temperature 0.7, top-p 0.9 (and CFG with a negative prompt; and
+    drafts over holes in the features): the first two emitted tokens against p1(y1) p2(y2 | y1)
+    from the target itself. The head is untrained and its draft vocabulary leaves tokens 6 and 7
+    out (q = 0 there)."""
     vocab = learned.SAMPLED_VOCAB
-    target, head, params, dist = learned.sampled_world(kind, cfg, max_tokens=3)
-    pairs = _sampled_pairs(target, _drafter(head), params, 20_000, learned.SAMPLED_PROMPT)
+    # Two blocks and a token: with holes the target takes two blocks from its prefix cache.
+    prompt = learned.SAMPLED_PROMPT + [4, 5, 1, 2, 0, 3] if holes else learned.SAMPLED_PROMPT
+    target, head, params, dist = learned.sampled_world(kind, cfg, max_tokens=3, prompt=prompt)
+    pairs = _sampled_pairs(target, _drafter(head), params, 20_000, prompt, holes)
     p1 = dist([])
     p2 = torch.stack([dist([y]) for y in range(vocab)])
     assert chi_square(pairs[:, 0], p1).passed
@@ -155,7 +171,7 @@ def test_finished_requests_leave_no_drafter_state(kind: str) -> None:
             engine.step()
             engine.abort(rid)
     run_all(engine)
-    assert not drafter.store._entries
+    assert not drafter.store._segments
     if kind == "eagle":
         assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks and not drafter._confirmed
 

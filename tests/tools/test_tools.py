@@ -13,7 +13,7 @@ import pytest
 
 from verispec.structured import GrammarCompiler, GrammarSpec
 from verispec.tools import DEFAULT_PREAMBLE, StreamedCalls, render_tool_chat, split_calls, tool_grammar, tool_use
-from verispec.tools.prompt import check_messages
+from verispec.tools.prompt import check_messages, takes_tools
 
 from ..model.conftest import tiny_tokenizer
 
@@ -152,3 +152,26 @@ def test_default_preamble_and_tool_traffic() -> None:
 def test_bad_tool_traffic_names_the_message(message, error) -> None:
     with pytest.raises(ValueError, match=error):
         check_messages([{"role": "user", "content": "hi"}, message])
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template,takes", [
+    ("{% for t in tools %}[{{ t.function.name }}]{% endfor %}" + CHATML, True),
+    ("{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}" + CHATML, True),  # as JSON, Qwen-style
+    (CHATML, False),
+    ("{# tools: this model was not trained on them #}" + CHATML, False),  # the word, in a comment
+    ("You answer without tools.\n" + CHATML, False),  # the word, in the output
+    ("{% if tools is defined and tools is none %}{{ tools }}{% endif %}" + CHATML, False),  # never taken
+    ("{{ raise_exception('no') }}", False),  # a template that fails takes none
+])
+def test_whether_a_template_takes_tools_is_read_from_what_it_writes(template, takes) -> None:
+    assert takes_tools(template) is takes
+    if "raise_exception" in template:
+        return
+    tok = tiny_tokenizer()
+    tok.chat_template = template
+    prompt = render_tool_chat(tok, [{"role": "user", "content": "1+2?"}], tool_use([ADD]))
+    assert ("[add]" in prompt or '"name": "add"' in prompt) and (DEFAULT_PREAMBLE[:40] in prompt) is not takes

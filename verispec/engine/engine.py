@@ -62,6 +62,10 @@ from ..runtime.static_step import StaticShapes
 from .scheduler import ScheduledRequest, Scheduler
 from .tree import accepted_rows, feed_parents, path_move
 
+# Steps before a probe whose hidden states are kept for it (LLMEngine._capture): the head's
+# newest positions then hold true features, as when it drafts every step.
+FEATURE_LEAD = 4
+
 logger = logging.getLogger(__name__)
 
 
@@ -185,8 +189,7 @@ class LLMEngine:
         window = model.config.cache_window if config.cache.free_out_of_window else None
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root,
                                    window=window)
-        self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else
-                                   lambda r: drafter.restorable_prefix(r.request_id, r.all_token_ids()))
+        self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else self._prefix_limit)
         self.runner = ModelRunner(model, self.blocks, *_static_shapes(config, model))
         # Padded steps keep the sampler's per-step tensors in buffers too (sample/metadata.py).
         self._metadata_buffers = MetadataBuffers(model.device) if self.runner.static is not None else None
@@ -406,7 +409,7 @@ class LLMEngine:
             self._step_timing = (row, drafting)
         layers = self.drafter.hidden_layers if self.drafter is not None else ()
         hidden = None
-        if layers:
+        if layers and self._capture(scheduled):
             logits, hidden = self.runner.forward_hidden(feeds, layers)
         else:
             logits = self.runner.forward(feeds)
@@ -451,6 +454,36 @@ class LLMEngine:
         self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
         request.error_kind = "invalid_request" if isinstance(error, GrammarError) else "server"
         return self._output(request, [])
+
+    def _prefix_limit(self, request: Request) -> int:
+        """How much of its cached prefix the target may take for a request being admitted: what
+        the drafter can restore (it maps that much of its own state), or all of it when the
+        drafter drafts over holes and the request is not batch invariant (Drafter.drafts_over_holes)."""
+        tokens = request.all_token_ids()
+        restorable = self.drafter.restorable_prefix(request.request_id, tokens)
+        return len(tokens) if self._holes_allowed(request) else restorable
+
+    def _holes_allowed(self, request: Request) -> bool:
+        return self.drafter.drafts_over_holes and not request.batch_invariant
+
+    def _capture(self, scheduled: list[ScheduledRequest]) -> bool:
+        """Whether this pass captures the hidden states the drafter reads. A drafter that drafts
+        over holes gets them only for what it may read soon: prompts (a request's context), a
+        request that drafts this step (and likely the next), one whose probe is at most
+        FEATURE_LEAD steps away, and every batch-invariant request; a step of requests at K = 0
+        (a drafter that does not pay on this text) then runs the target's plain pass."""
+        if self.adaptive is None or not self.drafter.drafts_over_holes:
+            return True
+        batch = len(self.scheduler.running)
+        for p in scheduled:
+            request = p.request
+            if request.max_speculative_tokens == 0:
+                continue
+            if not self._holes_allowed(request) or not p.samples or max(p.num_new) > 1 \
+                    or request.num_speculative_tokens > 0 \
+                    or self.adaptive.probes_within(request.request_id, batch, self._steps + 1, FEATURE_LEAD):
+                return True
+        return False
 
     def _next_k(self, request: Request) -> int:
         cap = request.max_speculative_tokens

@@ -26,12 +26,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..config import ServeLimits
 from ..engine.engine import RequestOutput
 from ..engine.llm import LLM
-from ..sampling_params import STRUCTURED_FIELDS
+from ..sampling_params import STRUCTURED_FIELDS, SamplingParams
 from ..spec_decode.metrics import SpecDecodeStats
 from ..tools import ToolUse, render_tool_chat
 from ..tools.prompt import check_messages
 from .async_engine import AsyncEngine, EngineStepError, Submission
+from .body import parse_body
 from .errors import APIError, echo, install_error_handlers
+from .interpreter import responsive_interpreter
 from .limits import BodyLimit
 from .metrics import ServeMetrics
 from .page import install_web_ui
@@ -49,9 +51,17 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # llguidance's view of the tokenizer, built before any stream runs: it holds the
+        # interpreter throughout (about 0.5 s for SmolLM2's 49k tokens), which the first
+        # structured-output request would otherwise do to every stream in flight.
+        try:
+            await asyncio.to_thread(llm.engine.grammars.lltokenizer)
+        except ImportError:  # no llguidance: structured-output requests are refused anyway
+            pass
         engine.start()
         try:
-            yield
+            with responsive_interpreter():
+                yield
         finally:
             engine.stop()
 
@@ -63,31 +73,64 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
     if web_ui:
         install_web_ui(app, model_name, describe_drafter(llm.engine.config.speculative))
 
-    def submissions(body: CompletionRequest | ChatRequest, prompts: list[str | list[int]], chat: bool,
-                    request_id: str) -> list[Submission]:
+    def request_params(body: CompletionRequest | ChatRequest, prompts: int, use: ToolUse | None = None
+                       ) -> list[SamplingParams]:
+        """The SamplingParams of each of the request's n samples (of each of its `prompts`)."""
         if body.model != model_name:
             raise APIError(f"model={echo(body.model)} does not exist here: this server serves {model_name!r}",
                            "model", status=404, code="model_not_found")
         if body.n < 1:
             raise APIError(f"n={body.n} is invalid: expected an integer >= 1", "n")
-        if body.n * len(prompts) > limits.max_choices:
-            many = f"n={body.n}" if len(prompts) == 1 else f"n={body.n} x {len(prompts)} prompts"
-            raise APIError(f"{many} asks for {body.n * len(prompts)} sequences: this server allows at most "
+        if body.n * prompts > limits.max_choices:
+            many = f"n={body.n}" if prompts == 1 else f"n={body.n} x {prompts} prompts"
+            raise APIError(f"{many} asks for {body.n * prompts} sequences: this server allows at most "
                            f"{limits.max_choices} per request (`verispec serve --max-choices`)", "n")
-        default_max = None if chat else DEFAULT_COMPLETION_TOKENS  # None: the rest of the context
-        params = [sampling_params(body, i, default_max) for i in range(body.n)]
+        default_max = None if isinstance(body, ChatRequest) else DEFAULT_COMPLETION_TOKENS  # None: the rest
+        return sampling_params(body, default_max, llm.engine.config.structured, use)
+
+    def submissions(body: CompletionRequest | ChatRequest, params: list[SamplingParams],
+                    prompts: list[str | list[int]], request_id: str) -> list[Submission]:
+        chat = isinstance(body, ChatRequest)
         name = "messages" if chat else "prompt"
         return [Submission(f"{request_id}-{p}-{i}", prompt, params[i], body.num_speculative_tokens,
                            name=name if len(prompts) == 1 else f"{name}[{p}]", add_special_tokens=not chat,
                            group=request_id)
                 for p, prompt in enumerate(prompts) for i in range(body.n)]
 
-    async def respond(http: Request, body: CompletionRequest | ChatRequest,
-                      prompts: list[str | list[int]], chat: bool, tools: ToolUse | None = None) -> Response:
-        fmt = Formatter(chat, model_name, llm.tokenizer, tools)
-        # Off the event loop: checking a structured-output field builds and validates its grammar,
-        # which a hostile request can make take seconds (every other stream would wait on it).
-        outputs = engine.generate(await asyncio.to_thread(submissions, body, prompts, chat, fmt.id))
+    # The two endpoints' work before generation, each on a worker thread (off the event loop):
+    # parsing and validating the body, rendering the chat, and building and checking the
+    # structured-output grammar (first: its size refuses a hostile one before any other work),
+    # which a hostile request can make take seconds.
+    def prepare_completion(raw: bytes) -> tuple[CompletionRequest, Formatter, list[Submission]]:
+        body = parse_body(CompletionRequest, raw)
+        prompts = body.prompts()
+        params = request_params(body, len(prompts))
+        fmt = Formatter(False, model_name, llm.tokenizer)
+        return body, fmt, submissions(body, params, prompts, fmt.id)
+
+    def prepare_chat(raw: bytes) -> tuple[ChatRequest, Formatter, list[Submission]]:
+        body = parse_body(ChatRequest, raw)
+        if not body.messages:
+            raise APIError("messages is empty: expected at least one message", "messages")
+        use = body.tool_use()
+        messages = [m.as_dict() for m in body.messages]
+        try:
+            if use is not None and use.active:
+                use.check_limits(llm.engine.config.structured)
+            check_messages(messages)
+        except ValueError as error:
+            raise invalid(error) from None
+        params = request_params(body, 1, use)
+        try:
+            prompt = render_tool_chat(llm.tokenizer, messages, use)
+        except Exception as error:  # a template's own error (raise_exception, bad roles)
+            raise APIError(f"messages could not be rendered by the chat template: {error}", "messages") from None
+        fmt = Formatter(True, model_name, llm.tokenizer, use)
+        return body, fmt, submissions(body, params, [prompt], fmt.id)
+
+    async def respond(http: Request, body: CompletionRequest | ChatRequest, fmt: Formatter,
+                      prepared: list[Submission]) -> Response:
+        outputs = engine.generate(prepared)
         try:
             first = await outputs.__anext__()
         except (ValueError, TypeError) as error:
@@ -121,31 +164,14 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
         return JSONResponse(fmt.whole(list(enumerate(finals)), _usage(finals, body.n))
                             | {"spec_decode_stats": _spec_stats(finals)})
 
+    # The bodies (CompletionRequest, ChatRequest) are read raw and parsed by prepare_*: body.py.
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, http: Request) -> Response:
-        return await respond(http, body, body.prompts(), chat=False)
+    async def completions(http: Request) -> Response:
+        return await respond(http, *await asyncio.to_thread(prepare_completion, await http.body()))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, http: Request) -> Response:
-        if not body.messages:
-            raise APIError("messages is empty: expected at least one message", "messages")
-        use = body.tool_use()
-        if use is not None and use.active:
-            try:
-                use.check_limits(llm.engine.config.structured)
-            except ValueError as error:
-                raise invalid(error) from None
-        messages = [m.as_dict() for m in body.messages]
-        try:
-            check_messages(messages)
-        except ValueError as error:
-            raise invalid(error) from None
-        try:
-            # Off the event loop: rendering is bounded (chat_template.py) but not free.
-            prompt = await asyncio.to_thread(render_tool_chat, llm.tokenizer, messages, use)
-        except Exception as error:  # a template's own error (raise_exception, bad roles)
-            raise APIError(f"messages could not be rendered by the chat template: {error}", "messages") from None
-        return await respond(http, body, [prompt], chat=True, tools=use)
+    async def chat_completions(http: Request) -> Response:
+        return await respond(http, *await asyncio.to_thread(prepare_chat, await http.body()))
 
     @app.get("/v1/models")
     async def models() -> dict:

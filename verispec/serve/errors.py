@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,9 +46,10 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _from_validation(error: RequestValidationError) -> APIError:
-    """The first problem pydantic found; the parameter is the body field it concerns."""
-    first = error.errors()[0]
+def from_validation(errors: Sequence[Mapping]) -> APIError:
+    """The first problem pydantic found (its errors(), as a list); the parameter is the body
+    field it concerns."""
+    first = errors[0]
     if first.get("type") == "json_invalid":
         return APIError(f"the body is not valid JSON: {first.get('msg')}", None, code="json_invalid")
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
@@ -69,7 +71,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.body(), status_code=error.status)
 
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
-        return await api_error(_, _from_validation(error))
+        return await api_error(_, from_validation(error.errors()))
 
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
         return await api_error(_, _from_http(error))

@@ -18,8 +18,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import StructuredOutputConfig
 from ..sampling_params import STRUCTURED_FIELDS, SamplingParams
 from ..structured.choice import choice_grammar
+from ..structured.spec import GrammarSpec
 from ..tools import ToolUse, tool_grammar, tool_use
 from .errors import APIError, echo
 
@@ -162,11 +164,12 @@ class ChatRequest(SamplingRequest):
         return use
 
 
-def sampling_params(request: CompletionRequest | ChatRequest, index: int,
-                    default_max_tokens: int | None) -> SamplingParams:
-    """SamplingParams of the request's `index`-th sample (of n): a seeded request gives sample i
-    the seed seed + i, so that the n samples differ and each is reproducible. Bad values raise
-    APIError (400) naming the parameter."""
+def sampling_params(request: CompletionRequest | ChatRequest, default_max_tokens: int | None,
+                    limits: StructuredOutputConfig, use: ToolUse | None = None) -> list[SamplingParams]:
+    """SamplingParams of each of the request's n samples: a seeded request gives sample i the
+    seed seed + i, so that the n samples differ and each is reproducible. Bad values raise
+    APIError (400) naming the parameter; a structured-output field past `limits` is refused
+    before its grammar is built. `use`: a chat request's tool_use(), when already read."""
     max_name, max_tokens = "max_tokens", request.max_tokens
     logprobs: int | None
     if isinstance(request, ChatRequest):
@@ -190,25 +193,32 @@ def sampling_params(request: CompletionRequest | ChatRequest, index: int,
         repetition_penalty=request.repetition_penalty, guidance_scale=request.guidance_scale,
         negative_prompt=request.negative_prompt, logit_bias=bias,
     )
-    structured, structured_name = _structured(request)
+    structured, structured_name = _structured(request, limits)
     given.update(structured)
-    use = request.tool_use() if isinstance(request, ChatRequest) else None
+    if use is None and isinstance(request, ChatRequest):
+        use = request.tool_use()
     if use is not None and use.active:
         given["grammar"], structured_name = tool_grammar(use), "tools"
+    rename = {"max_tokens": max_name, "logprobs": _logprobs_name(request),
+              **dict.fromkeys(STRUCTURED_FIELDS, structured_name)}
     try:
-        return SamplingParams(
+        for kind in STRUCTURED_FIELDS:
+            if given.get(kind) not in (None, False):
+                # Sized before it is built, and built once for all n samples (GrammarSpec's cache).
+                GrammarSpec.from_field(kind, given[kind], limits)
+        return [SamplingParams(
             **{k: v for k, v in given.items() if v is not None},
             seed=None if request.seed is None else request.seed + index,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             stop=() if request.stop is None else request.stop,
             ignore_eos=request.ignore_eos, logprobs=logprobs,
-        )
+        ) for index in range(request.n)]
     except (ValueError, TypeError) as error:
-        raise invalid(error, rename={"max_tokens": max_name, "logprobs": _logprobs_name(request),
-                                     **dict.fromkeys(STRUCTURED_FIELDS, structured_name)}) from None
+        raise invalid(error, rename=rename) from None
 
 
-def _structured(request: CompletionRequest | ChatRequest) -> tuple[dict[str, object], str]:
+def _structured(request: CompletionRequest | ChatRequest,
+                limits: StructuredOutputConfig) -> tuple[dict[str, object], str]:
     """The SamplingParams field of the request's structured output (at most one of
     response_format and the guided_* fields) and the request field it came from."""
     given = {name: getattr(request, name) for name in
@@ -232,7 +242,7 @@ def _structured(request: CompletionRequest | ChatRequest) -> tuple[dict[str, obj
         return {"json_schema": value.json_schema.schema_}, name
     if name == "guided_choice":
         try:
-            return {"grammar": choice_grammar(value)}, name
+            return {"grammar": choice_grammar(value, limits.max_grammar_bytes)}, name
         except ValueError as error:
             raise APIError(str(error), name) from None
     return {{"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar"}[name]: value}, name

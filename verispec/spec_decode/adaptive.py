@@ -19,7 +19,10 @@ rejection of a step counts once; drafts after it were never judged), starting fr
 `prior_weight` drafts. A request whose K dropped to 0 probes with one draft every
 `probe_interval` steps, so text that turns repetitive regains speculation; in a batch of B the
 interval grows by c(B) / c(1) (a probe row costs that much more of the step there), and all such
-requests of the batch probe on the same engine step.
+requests of the batch probe on the same engine step. Each probe after which K stays 0 doubles
+the request's interval, up to PROBE_BACKOFF times (a drafter that does not pay on this text
+then costs a quarter of what its probes would); a K above 0 resets it. Intervals that are
+powers of two apart keep a batch's probes on shared steps.
 
 Per step, `allot` then trims the drafts of all requests together against the real shape of the
 step's cost, a + b·rows(R) + a·D(depth, n) where rows(R) is what a pass over R rows costs like
@@ -52,6 +55,8 @@ from .metrics import expected_emitted_tokens
 # The most a request's probe may cost, as a share of a step, at the base probe interval; a
 # costlier probe (a bigger batch, an expensive drafter call) waits longer (probe_interval_at).
 PROBE_COST = 0.25
+# The most a request's probe interval grows while its probes keep finding K = 0 (module docstring).
+PROBE_BACKOFF = 4
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class _Estimate:
     judged: float = 0.0
     idle_steps: int = 0
     probing: bool = False
+    backoff: int = 1  # the probe interval's multiplier, a power of two up to PROBE_BACKOFF
 
 
 def free(depth: int, num_requests: int) -> float:
@@ -159,16 +165,29 @@ class _Gate(ABC):
         batch_size = max(1, batch_size)
         k = self._preferred(request_id, batch_size, declared)
         e = self._estimates.setdefault(request_id, _Estimate())
+        if k > 0:
+            e.backoff = 1
+        elif e.probing:  # the last probe did not pay
+            e.backoff = min(2 * e.backoff, PROBE_BACKOFF)
         e.probing = False
         if k == 0 and self.probe_size > 0:
             e.idle_steps += 1
-            interval = self.probe_interval_at(batch_size, declared)
+            interval = self.probe_interval_at(batch_size, declared) * e.backoff
             due = e.idle_steps >= interval if engine_step is None else engine_step % interval == 0
             if due:
                 e.idle_steps = 0
                 e.probing = True
                 return self.probe_size
         return k
+
+    def probes_within(self, request_id: str, batch_size: int, engine_step: int, steps: int) -> bool:
+        """Whether a request at K = 0 probes on one of the engine steps engine_step ..
+        engine_step + steps - 1 (num_draft_tokens's engine_step schedule), so that whatever a
+        probe needs from the steps before it (the hidden states a learned drafter reads) can be
+        kept from those steps alone."""
+        e = self._estimates.get(request_id, _Estimate())
+        interval = self.probe_interval_at(max(1, batch_size)) * e.backoff
+        return (-engine_step) % interval < steps
 
     def probing(self, request_id: str) -> bool:
         """Whether the request's last drafts came from a probe rather than from its acceptance."""

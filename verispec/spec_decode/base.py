@@ -135,6 +135,11 @@ class Drafter(ABC):
     """
 
     hidden_layers: tuple[int, ...] = ()
+    # Whether it drafts from features with holes (spec_decode/features.py): the engine then
+    # captures hidden states only when a request may draft soon, and lets the target take a
+    # request's whole cached prefix, unless the request is batch invariant (its drafts, and so
+    # its tokens, must not depend on what other requests made the engine capture or cache).
+    drafts_over_holes: bool = False
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         """What one ``propose`` call costs when `num_requests` requests draft and the deepest

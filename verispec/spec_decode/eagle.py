@@ -19,9 +19,11 @@ Trees (propose_tree): after step 2, each level of the tree (spec_decode/trees.py
 head pass over the nodes to expand and their ancestors, fed as a tree at positions n, n + 1, ...
 by depth (tree attention: a node sees the confirmed positions and its own path); a node is fed
 (its parent's predicted feature, its token), and its output gives its children's logits. Each
-level overwrites the cache slots of the last, so drafting leaves only confirmed positions. A request without the features it needs (its drafter state
-was dropped mid-request, or a step drafted before its prompt's features arrived) gets no
-drafts this step: that costs speed, never exactness.
+level overwrites the cache slots of the last, so drafting leaves only confirmed positions. A
+request without the feature of its newest token's predecessor (its drafter state was dropped
+mid-request, or the engine captured no hidden states in the last pass) gets no drafts this
+step; positions in a hole of its features (spec_decode/features.py) are fed with a zero feature,
+which the head reads as "no feature". Either costs speed, never exactness.
 
 Prefix caching (verispec/runtime/prefix_cache.py): the target takes a prompt's cached prefix
 without feeding it, so its features never arrive; the head therefore keeps a prefix cache of
@@ -30,7 +32,9 @@ holds (f_t, x_{t+1}), a function of the head, the target and x_0 .. x_{t+1}, so 
 chain runs over x_1, x_2, ... from a root derived from x_0. `restorable_prefix` maps the head's
 longest cached prefix into the request's head cache at once (as confirmed positions), leaving
 at least one position to feed; a call publishes the full blocks of the positions confirmed by
-earlier calls (those were written: a call that raised has its request released).
+earlier calls (those were written: a call that raised has its request released), up to the
+request's first hole (a zero feature is not the head's input for those tokens). The engine may
+let the target take more of its cache than the head has (LLMEngine): the rest is a hole.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ class EagleDrafter(Drafter):
     cost: what a call costs relative to the target's step (EAGLE_COST for a float target,
     EAGLE_COST_QUANTIZED for a quantized one)."""
 
+    drafts_over_holes = True
+
     def __init__(self, head: EagleHead, num_blocks: int = 1024, block_size: int = 16,
                  prefix_caching: bool = True, cost: DraftCost = EAGLE_COST) -> None:
         self.head, self.cost = head, cost
@@ -77,6 +83,7 @@ class EagleDrafter(Drafter):
         self.store = FeatureStore()
         self._confirmed: dict[str, int] = {}  # head positions fed true features, per request
         self._hashes: dict[str, list[bytes]] = {}  # per request, the chain of its head blocks
+        self._holes: dict[str, int] = {}  # per request, the first head position fed a zero feature
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         return self.cost(depth, num_requests)
@@ -89,6 +96,7 @@ class EagleDrafter(Drafter):
         self.blocks.free(request_id)
         self._confirmed.pop(request_id, None)
         self._hashes.pop(request_id, None)
+        self._holes.pop(request_id, None)
 
     def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         if self.blocks.prefix is None:
@@ -204,12 +212,13 @@ class EagleDrafter(Drafter):
         after them for drafting. None when the request cannot draft this step."""
         rid, tokens = request.request_id, request.token_ids
         newest = len(tokens) - 1
-        start, end = self.store.confirm(rid, tokens)
+        self.store.confirm(rid, tokens)
         confirmed = self._confirmed.get(rid, 0)
         if self.blocks.prefix is not None and self.blocks.has(rid):
-            root, hashes = self._chain(rid, tokens, confirmed)
+            root, hashes = self._chain(rid, tokens, min(confirmed, self._holes.get(rid, confirmed)))
             self.blocks.publish(rid, hashes, tokens[1:], root)
-        if newest <= confirmed or start > confirmed or end < newest:
+        # Without f_{n-1} the first draft would come from a zero feature, near random.
+        if newest <= confirmed or not self.store.known(rid, newest - 1):
             return None
         if not self.blocks.has(rid):
             if not self.blocks.can_allocate(rid, 0):
@@ -221,6 +230,9 @@ class EagleDrafter(Drafter):
             self.release(rid)
             return None
         self.blocks.append(rid, needed)
+        hole = self.store.first_hole(rid, confirmed, newest)
+        if hole is not None:
+            self._holes.setdefault(rid, hole)
         features = self.head.features(self.store.features(rid, confirmed, newest))
         self._confirmed[rid] = newest
         self.store.drop_before(rid, newest)

@@ -1,10 +1,15 @@
 """FeatureStore: the target hidden states a learned drafter has seen, per request.
 
-Terms: an *entry* holds the features of consecutive positions start, start + 1, ... of one
-request, with the token at each position. The engine hands over the features of every fed
-token, rejected drafts included (spec_decode/base.py, FedTokens); `confirm` keeps only the prefix the
+Terms: a *segment* holds the features of consecutive positions start, start + 1, ... of one
+request, with the token at each position; a request's segments are disjoint and in position
+order, and the positions between them are *holes*: fed in passes that captured no hidden
+states (the engine skips capturing while no request is about to draft, LLMEngine) or taken
+from the target's prefix cache. The engine hands over the features of every fed token,
+rejected drafts included (spec_decode/base.py, FedTokens); `confirm` keeps only what the
 request's tokens agree with. A feature depends on its token and every token before it (the
-target is causal), so a stored feature whose token matches the request's is the true one.
+target is causal), so a stored feature whose token matches the request's is the true one:
+a feed at position p rewrites what the target holds from p on, so it drops every stored
+position >= p, and the positions in a hole are ones the target kept.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from .base import FedTokens
 
 
 @dataclass
-class _Entry:
+class _Segment:
     start: int
     tokens: list[int] = field(default_factory=list)
     chunks: list[torch.Tensor] = field(default_factory=list)  # [n_i, F] each, positions in order
@@ -41,10 +46,13 @@ class _Entry:
             total += kept[-1].shape[0]
         self.chunks = kept
 
+    def rows(self, begin: int, end: int) -> torch.Tensor:  # [end - begin, F], within the segment
+        return torch.cat(self.chunks)[begin - self.start : end - self.start]
+
 
 class FeatureStore:
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+        self._segments: dict[str, list[_Segment]] = {}
 
     def observe(
         self,
@@ -52,49 +60,86 @@ class FeatureStore:
         hidden: torch.Tensor,  # [T, F], rows as `fed` says
     ) -> None:
         for f in fed:
-            entry = self._entries.get(f.request_id)
-            if entry is None or not entry.start <= f.start <= entry.end:
-                # A gap (state released mid-request): start over where the feed starts.
-                entry = self._entries[f.request_id] = _Entry(f.start)
-            entry.truncate(f.start)
-            entry.tokens.extend(f.token_ids)
+            segments = self._cut(f.request_id, f.start)
+            if not segments or segments[-1].end != f.start:
+                segments.append(_Segment(f.start))
+            segments[-1].tokens.extend(f.token_ids)
             # A copy: a view would keep the whole batch's hidden states alive.
-            entry.chunks.append(hidden[f.first_row : f.first_row + len(f.token_ids)].clone())
+            segments[-1].chunks.append(hidden[f.first_row : f.first_row + len(f.token_ids)].clone())
 
-    def confirm(self, request_id: str, token_ids: Sequence[int]) -> tuple[int, int]:
-        """Drops stored positions the request's tokens disagree with; returns the range
-        [start, end) of positions whose features are known ((0, 0) when none)."""
-        entry = self._entries.get(request_id)
-        if entry is None:
-            return 0, 0
-        end = entry.start
-        while end < min(entry.end, len(token_ids)) and entry.tokens[end - entry.start] == token_ids[end]:
-            end += 1
-        entry.truncate(end)
-        return entry.start, end
+    def _cut(self, request_id: str, position: int) -> list[_Segment]:
+        """The request's segments without positions >= position."""
+        segments = self._segments.setdefault(request_id, [])
+        while segments and segments[-1].start >= position:
+            segments.pop()
+        if segments:
+            segments[-1].truncate(position)
+        return segments
+
+    def confirm(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Drops stored positions the request's tokens disagree with, and the rest of their
+        segment (computed over the disagreeing token). A later segment was computed after
+        every earlier one (a feed drops what lies after it), over tokens the request had
+        kept, so it stands on its own."""
+        segments = self._segments.get(request_id, [])
+        for segment in segments:
+            end = segment.start
+            while end < min(segment.end, len(token_ids)) and segment.tokens[end - segment.start] == token_ids[end]:
+                end += 1
+            segment.truncate(end)
+        segments[:] = [s for s in segments if s.tokens]
+
+    def known(self, request_id: str, position: int) -> bool:
+        """Whether the feature of `position` is stored."""
+        return any(s.start <= position < s.end for s in self._segments.get(request_id, []))
+
+    def first_hole(self, request_id: str, begin: int, end: int) -> int | None:
+        """The first position in [begin, end) whose feature is not stored (None: all are)."""
+        position = begin
+        for segment in self._segments.get(request_id, []):
+            if segment.end <= position:
+                continue
+            if segment.start > position:
+                break
+            position = segment.end
+        return position if position < end else None
 
     def features(self, request_id: str, begin: int, end: int) -> torch.Tensor:  # [end - begin, F]
-        """Stored features of positions [begin, end), which `confirm` reported known."""
-        entry = self._entries[request_id]
-        if not entry.start <= begin <= end <= entry.end:
-            raise ValueError(f"positions [{begin}, {end}) of request {request_id!r} are not stored "
-                             f"(stored: [{entry.start}, {entry.end}))")
-        return torch.cat(entry.chunks)[begin - entry.start : end - entry.start]
+        """The features of positions [begin, end), zero in holes (a learned drafter reads a
+        hole as "no feature": drafts only change speed, never the output). At least one
+        position of the request must be stored (its F and dtype come from there)."""
+        segments = self._segments.get(request_id, [])
+        if not segments:
+            raise ValueError(f"no features of request {request_id!r} are stored")
+        inside = [s for s in segments if s.start < end and s.end > begin]
+        if len(inside) == 1 and inside[0].start <= begin and inside[0].end >= end:
+            return inside[0].rows(begin, end)  # the usual case: no hole
+        like = segments[0].chunks[0]
+        out = like.new_zeros((end - begin, like.shape[1]))
+        for s in inside:
+            lo, hi = max(begin, s.start), min(end, s.end)
+            out[lo - begin : hi - begin] = s.rows(lo, hi)
+        return out
 
     def drop_before(self, request_id: str, position: int) -> None:
         """Forgets positions < position: a drafter that no longer needs them saves memory."""
-        entry = self._entries.get(request_id)
-        if entry is None or position <= entry.start:
+        segments = self._segments.get(request_id)
+        if not segments:
             return
-        rest = torch.cat(entry.chunks)[position - entry.start :] if entry.chunks else None
-        del entry.tokens[: position - entry.start]
-        entry.chunks = [rest.clone()] if rest is not None and rest.shape[0] else []
-        entry.start = position
+        while segments and segments[0].end <= position:
+            segments.pop(0)
+        if segments and segments[0].start < position:
+            first = segments[0]
+            rest = first.rows(position, first.end)
+            del first.tokens[: position - first.start]
+            first.chunks, first.start = [rest.clone()], position
 
     def tokens(self, request_id: str) -> tuple[int, list[int]]:
-        """(start, the stored tokens from start on)."""
-        entry = self._entries[request_id]
-        return entry.start, list(entry.tokens)
+        """(start, the stored tokens from start on) of the request's first segment."""
+        segments = self._segments.get(request_id)
+        if not segments:
+            raise KeyError(request_id)
+        return segments[0].start, list(segments[0].tokens)
 
     def release(self, request_id: str) -> None:
-        self._entries.pop(request_id, None)
+        self._segments.pop(request_id, None)

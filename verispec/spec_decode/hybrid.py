@@ -51,6 +51,7 @@ class HybridDrafter(Drafter):
         self.lookup = lookup
         self.learned = learned
         self.hidden_layers = learned.hidden_layers
+        self.drafts_over_holes = learned.drafts_over_holes
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         # Declared before knowing which requests the lookup serves: the head's cost, an upper bound.

@@ -36,6 +36,8 @@ class MedusaDrafter(Drafter):
     """cost: what a call costs relative to the target's step (MEDUSA_COST for a float target,
     MEDUSA_COST_QUANTIZED for a quantized one)."""
 
+    drafts_over_holes = True  # it reads the newest token's predecessor's feature alone
+
     def __init__(self, heads: MedusaHeads, cost: DraftCost = MEDUSA_COST) -> None:
         self.heads, self.cost = heads, cost
         self.hidden_layers = heads.config.hidden_layers
@@ -60,8 +62,8 @@ class MedusaDrafter(Drafter):
         active, features = [], []
         for i, request in enumerate(requests):
             rid, newest = request.request_id, len(request.token_ids) - 1
-            start, end = self.store.confirm(rid, request.token_ids)
-            if request.num_draft_tokens == 0 or not start <= newest - 1 < end:
+            self.store.confirm(rid, request.token_ids)
+            if request.num_draft_tokens == 0 or not self.store.known(rid, newest - 1):
                 continue
             features.append(self.store.features(rid, newest - 1, newest))
             self.store.drop_before(rid, newest - 1)

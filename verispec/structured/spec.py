@@ -10,7 +10,11 @@ the compiled-grammar cache (compiler.py), which applies the engine's size and de
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
+
+from ..config import StructuredOutputConfig
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # JSON is written on one line as json.dumps writes it ({"a": 1, "b": [2, 3]}): free whitespace
@@ -31,11 +35,11 @@ class GrammarSpec:
     grammar: str
 
     @classmethod
-    def from_field(cls, kind: str, value: object) -> GrammarSpec:
+    def from_field(cls, kind: str, value: object, limits: StructuredOutputConfig | None = None) -> GrammarSpec:
         """ValueError naming `kind` when the value is malformed or llguidance refuses it (its
-        message included). llguidance's own limits (grammar size, lexer fuel) bound the check."""
-        import llguidance
-
+        message included). llguidance's own limits (grammar size, lexer fuel) bound the check.
+        With `limits`, a spec past its size or depth is refused before llguidance sees it (a
+        grammar of megabytes takes it seconds). The grammar text of a source is cached."""
         depth = 0
         if kind == "json_object":
             value = {"type": "object"}
@@ -53,37 +57,84 @@ class GrammarSpec:
                 source = json.dumps(value, allow_nan=False)  # key order matters: properties come in it
             except (TypeError, ValueError, RecursionError) as error:
                 raise ValueError(f"json_schema cannot be written as JSON: {error}") from None
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)
         elif kind in ("regex", "grammar"):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{kind}={value!r} is invalid: expected a non-empty string")
             source = value
-            if kind == "regex":
-                grammar = llguidance.LLMatcher.grammar_from_regex(source)
-            else:
-                from llguidance.gbnf_to_lark import any_to_lark
-
-                try:
-                    lark = any_to_lark(source)
-                except Exception as error:  # the GBNF converter raises whatever its parser meets
-                    raise ValueError(f"grammar is not valid Lark or GBNF: {error}") from None
-                grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         else:
             raise ValueError(f"kind={kind!r} is invalid: expected one of {KINDS}")
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-        if is_error:
-            raise ValueError(f"{kind} is invalid: {one_line(messages[0])}")
-        return cls(kind, source, depth, grammar)
+        if limits is not None:
+            _check_limits(kind, source, depth, limits.max_grammar_bytes, limits.max_schema_depth)
+        return cls(kind, source, depth, _GRAMMARS.get(kind, source))
 
     def check_limits(self, max_bytes: int, max_depth: int) -> None:
         """ValueError naming the limit when the spec is larger or deeper than allowed."""
-        size = len(self.source.encode("utf-8"))
-        if size > max_bytes:
-            raise ValueError(f"{self.kind} has {size} bytes: expected at most {max_bytes} (the "
-                             "grammar size limit, max_grammar_bytes)")
-        if self.depth > max_depth:
-            raise ValueError(f"{self.kind} is nested {self.depth} levels deep: expected at most "
-                             f"{max_depth} (the schema depth limit, max_schema_depth)")
+        _check_limits(self.kind, self.source, self.depth, max_bytes, max_depth)
+
+
+def _check_limits(kind: str, source: str, depth: int, max_bytes: int, max_depth: int) -> None:
+    size = len(source.encode("utf-8"))
+    if size > max_bytes:
+        raise ValueError(f"{kind} has {size} bytes: expected at most {max_bytes} (the "
+                         "grammar size limit, max_grammar_bytes)")
+    if depth > max_depth:
+        raise ValueError(f"{kind} is nested {depth} levels deep: expected at most "
+                         f"{max_depth} (the schema depth limit, max_schema_depth)")
+
+
+def _grammar(kind: str, source: str) -> str:
+    """llguidance's grammar text for a field's source (json_object's is a json_schema's);
+    ValueError naming `kind` when llguidance refuses it."""
+    import llguidance
+
+    if kind in ("json_schema", "json_object"):
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)
+    elif kind == "regex":
+        grammar = llguidance.LLMatcher.grammar_from_regex(source)
+    else:
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            lark = any_to_lark(source)
+        except Exception as error:  # the GBNF converter raises whatever its parser meets
+            raise ValueError(f"grammar is not valid Lark or GBNF: {error}") from None
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise ValueError(f"{kind} is invalid: {one_line(messages[0])}")
+    return grammar
+
+
+class _GrammarCache:
+    """The grammar texts of recent sources, least recently used dropped first past `max_bytes`
+    of sources: a server builds a request's SamplingParams once per sample (n), and clients
+    repeat their schemas, while building one can take llguidance 100 ms (20,000 choices)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._texts: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, kind: str, source: str) -> str:
+        key = (kind, source)
+        with self._lock:
+            if key in self._texts:
+                self._texts.move_to_end(key)
+                return self._texts[key]
+        grammar = _grammar(kind, source)
+        if len(source) + len(grammar) <= self.max_bytes:
+            with self._lock:
+                if key not in self._texts:
+                    self._texts[key] = grammar
+                    self._bytes += len(source) + len(grammar)
+                while self._bytes > self.max_bytes:
+                    (_, old), text = self._texts.popitem(last=False)
+                    self._bytes -= len(old) + len(text)
+        return grammar
+
+
+_GRAMMARS = _GrammarCache(max_bytes=32 * 1024 * 1024)
 
 
 def one_line(message: str) -> str:

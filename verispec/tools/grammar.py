@@ -21,20 +21,24 @@ from .spec import Tool, ToolUse
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-def call_schema(tools: tuple[Tool, ...]) -> dict:
-    """The JSON Schema of one call's body over `tools`."""
-    def one(tool: Tool) -> dict:
-        return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-                "required": ["name", "arguments"], "additionalProperties": False}
+def call_schema(tools: tuple[Tool, ...]) -> str:
+    """The JSON Schema of one call's body over `tools`, as JSON text (the tools' parameter
+    schemas spliced in as they are)."""
+    def one(tool: Tool) -> str:
+        return (f'{{"type": "object", "properties": {{"name": {{"const": {json.dumps(tool.name)}}}, '
+                f'"arguments": {tool.parameters_json}}}, "required": ["name", "arguments"], '
+                '"additionalProperties": false}')
 
-    schema = one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
-    return schema | {"x-guidance": JSON_LAYOUT}
+    layout = f'"x-guidance": {json.dumps(JSON_LAYOUT)}'
+    if len(tools) == 1:
+        return one(tools[0])[:-1] + ", " + layout + "}"
+    return '{"anyOf": [' + ", ".join(one(t) for t in tools) + "], " + layout + "}"
 
 
 def tool_grammar(use: ToolUse) -> str:
     """The Lark grammar of the output under `use` (which must be active)."""
     more = f'("\\n" {_quote(OPEN)} "\\n" body "\\n" {_quote(CLOSE)})*' if use.parallel else ""
-    lines = [f"body: %json {json.dumps(call_schema(use.callable))}"]
+    lines = [f"body: %json {call_schema(use.callable)}"]
     if use.mode == "auto":
         lines = ["start: TEXT | lead \"\\n\" body \"\\n\" " + _quote(CLOSE) + " " + more,
                  "TEXT: /(.|\\n)*/",

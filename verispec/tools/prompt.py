@@ -1,8 +1,9 @@
 """Tools and tool traffic into a chat prompt.
 
-A chat template that takes tools (its source mentions `tools`, as Qwen 2.5's, Llama 3.1's and
-Hermes' do) gets them as the `tools` variable, assistant messages' `tool_calls` (arguments as
-objects, as transformers passes them) and `role: "tool"` messages, and renders them its own way.
+A chat template that takes tools (one that writes a tool it is given, as Qwen 2.5's, Llama
+3.1's and Hermes' do: takes_tools) gets them as the `tools` variable, assistant messages'
+`tool_calls` (arguments as objects, as transformers passes them) and `role: "tool"` messages,
+and renders them its own way.
 Any other template (SmolLM2's, ChatML) gets the default rendering:
 
 - the tool preamble (DEFAULT_PREAMBLE with the tools' signatures) as the system message, after
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
+from ..model.chat_template import CHATML_TEMPLATE, render_chat
 from .grammar import CLOSE, OPEN
 from .spec import ToolUse
 
@@ -31,9 +34,27 @@ DEFAULT_PREAMBLE = (
 )
 
 
+# A tool no template writes unless it renders the tools it is given.
+_PROBE = {"type": "function", "function": {"name": "verispec_probe_9c1e", "description": "",
+                                           "parameters": {"type": "object", "properties": {}}}}
+
+
 def takes_tools(template: str) -> bool:
-    """Whether a chat template renders tools itself."""
-    return "tools" in template
+    """Whether a chat template renders tools itself: rendered for one user message with a probe
+    tool, its output names the probe. (The word "tools" in a template's source says little: a
+    comment, a condition never taken, an instruction to the model.) A template that fails to
+    render then does not take them."""
+    return _renders_probe(template)
+
+
+@lru_cache(maxsize=16)
+def _renders_probe(template: str) -> bool:
+    try:
+        text = render_chat(template or CHATML_TEMPLATE, [{"role": "user", "content": "Hi"}], True,
+                           tools=[_PROBE], bos_token="", eos_token="")
+    except ValueError:
+        return False
+    return _PROBE["function"]["name"] in text
 
 
 def check_messages(messages: Sequence[Mapping]) -> None:
@@ -70,8 +91,7 @@ def render_tool_chat(tokenizer, messages: Sequence[Mapping], use: ToolUse | None
         return tokenizer.apply_chat_template([_native(m) for m in messages], add_generation_prompt, **variables)
     rendered = _default(messages)
     if tools:
-        preamble = DEFAULT_PREAMBLE.format(tools="\n".join(
-            json.dumps(t.as_openai()["function"], ensure_ascii=False) for t in tools))
+        preamble = DEFAULT_PREAMBLE.format(tools="\n".join(t.function_json() for t in tools))
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {"role": "system", "content": rendered[0]["content"] + "\n\n" + preamble}
         else:

@@ -26,12 +26,16 @@ NO_PARAMETERS: Mapping[str, object] = {"type": "object", "properties": {}, "addi
 
 @dataclass(frozen=True)
 class Tool:
-    """One function a model may call: its name, description ("" if none) and the JSON Schema of
-    its arguments (as canonical JSON text, so a Tool is hashable and its schema immutable)."""
+    """One function a model may call: its name, description ("" if none), the JSON Schema of
+    its arguments (as JSON text, so a Tool is hashable and its schema immutable; the call
+    grammar and the default preamble splice the text in, rather than parsing and writing it
+    again: a large schema's JSON holds the interpreter while it is parsed or written) and that
+    schema's nesting depth."""
 
     name: str
     description: str
     parameters_json: str
+    depth: int
 
     @property
     def parameters(self) -> dict:
@@ -41,6 +45,11 @@ class Tool:
         """The tool as OpenAI writes it (what chat templates that take tools expect)."""
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
         return {"type": "function", "function": function}
+
+    def function_json(self) -> str:
+        """json.dumps(self.as_openai()["function"], ensure_ascii=False), without the round trip."""
+        return (f'{{"name": {json.dumps(self.name)}, "description": {json.dumps(self.description, ensure_ascii=False)}, '
+                f'"parameters": {self.parameters_json}}}')
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class ToolUse:
         max_schema_depth (the call's JSON puts it two levels down). The grammar's size is checked
         with the others' (max_grammar_bytes)."""
         for i, tool in enumerate(self.tools):
-            depth = json_depth(tool.parameters) + 2
+            depth = tool.depth + 2
             if tool in self.callable and depth > config.max_schema_depth:
                 raise ValueError(f"tools[{i}].function.parameters is nested {depth} levels deep in a call: "
                                  f"expected at most {config.max_schema_depth} (the schema depth limit, "
@@ -96,10 +105,10 @@ def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
             raise ValueError(f"{at}.function.parameters={parameters!r:.200} is invalid: expected a JSON Schema "
                              "of an object (the arguments)")
         try:
-            parameters_json = json.dumps(parameters, allow_nan=False)
+            parameters_json = json.dumps(parameters, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError) as error:
             raise ValueError(f"{at}.function.parameters cannot be written as JSON: {error}") from None
-        tools.append(Tool(name, description, parameters_json))
+        tools.append(Tool(name, description, parameters_json, json_depth(parameters)))
     names = [t.name for t in tools]
     for i, name in enumerate(names):
         if name in names[:i]:
