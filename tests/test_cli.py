@@ -66,6 +66,18 @@ def test_no_prefix_caching_gives_the_same_text(checkpoint, capsys) -> None:
     assert texts[0] == texts[1]
 
 
+def test_enforce_eager_reaches_the_engine_and_gives_the_same_text(checkpoint, capsys, monkeypatch) -> None:
+    texts, built = [], []
+    real = llm_module.LLMEngine
+    monkeypatch.setattr(llm_module, "LLMEngine", lambda *args: built.append(args[2]) or real(*args))
+    for options in ([], ["--enforce-eager"]):
+        assert main(["generate", "--model", checkpoint, "--no-chat", "--temperature", "0", "--max-tokens", "8",
+                     *options, "t4 t5 t4 t5"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
+    assert [config.enforce_eager for config in built] == [False, True]
+
+
 def test_speculation_does_not_change_greedy_text(checkpoint, capsys) -> None:
     texts = []
     for draft in ("ngram", "none", checkpoint):

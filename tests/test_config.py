@@ -1,10 +1,11 @@
-"""Config dataclasses: DraftCost and its place in SpeculativeConfig."""
+"""Config dataclasses: DraftCost and its place in SpeculativeConfig; EngineConfig's step options."""
 
 from __future__ import annotations
 
 import pytest
 
 from verispec import DraftCost, SpeculativeConfig
+from verispec.config import EngineConfig
 
 
 def test_draft_cost_adds_its_terms() -> None:
@@ -25,3 +26,10 @@ def test_speculative_config_takes_a_draft_cost_or_none() -> None:
     assert SpeculativeConfig(draft_cost=DraftCost(per_call=1)).draft_cost(1, 1) == 1
     with pytest.raises(TypeError, match="draft_cost=0.5 is a float: expected a DraftCost"):
         SpeculativeConfig(draft_cost=0.5)
+
+
+@pytest.mark.parametrize("field,value", [("static_step", 1), ("static_step", "yes"), ("enforce_eager", None),
+                                         ("enforce_eager", 0)])
+def test_step_options_are_booleans(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"{field}={value!r} is invalid"):
+        EngineConfig(**{field: value})

@@ -83,11 +83,14 @@ def word_tokenizer(vocab: int = 16, eos: int | None = None) -> Tokenizer:
 
 def tiny_engine(model: LlamaModel, drafter: Drafter | None = None, k: int = 0, num_blocks: int = 256,
                 block_size: int = 4, budget: int = 256, max_seqs: int = 64, eos: int | None = None,
-                prefix_caching: bool = True, free_out_of_window: bool = True) -> LLMEngine:
+                prefix_caching: bool = True, free_out_of_window: bool = True,
+                static_step: bool | None = None, adaptive: bool = True, tree=None) -> LLMEngine:
     method = "none" if drafter is None else "ngram"
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=512,
                           cache=CacheConfig(block_size, num_blocks, prefix_caching, free_out_of_window),
-                          speculative=SpeculativeConfig(method=method, num_speculative_tokens=k))
+                          speculative=SpeculativeConfig(method=method, num_speculative_tokens=k,
+                                                        adaptive=adaptive, tree=tree),
+                          static_step=static_step)
     return LLMEngine(model, word_tokenizer(model.config.vocab_size, eos), config, drafter)
 
 

@@ -131,6 +131,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, k_help: str) -> None:
     parser.add_argument("--quantize-group-size", type=int, default=32, choices=[32, 64, 128],
                         help="weights per scale with --quantize (default: 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="on CUDA, run decode and verify steps kernel by kernel instead of replaying "
+                             "them as CUDA graphs; output is the same either way (vLLM's name)")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV cache of prompt prefixes already computed (shared system "
                              "prompts, negative prompts); output is the same either way (default: on)")
@@ -392,7 +395,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(model=args.model, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
                   dtype=args.dtype, device=args.device, tree=args.tree, quantization=args.quantize,
                   quantization_group_size=args.quantize_group_size, enable_prefix_caching=args.prefix_caching,
-                  kv_cache_gib=args.kv_cache_gib)
+                  kv_cache_gib=args.kv_cache_gib, enforce_eager=args.enforce_eager)
     if hasattr(args, "max_num_seqs"):
         kwargs["max_num_seqs"] = args.max_num_seqs
     return kwargs

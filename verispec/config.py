@@ -258,6 +258,13 @@ class EngineConfig:
     max_model_len: most tokens (prompt + output) per sequence; a request's max_tokens is lowered
         to fit it (its CFG companion's negative prompt included).
     structured: limits and cache of structured-output grammars (StructuredOutputConfig).
+    static_step: run decode and verify steps padded to fixed shapes over persistent buffers
+        (runtime/static_step.py); None: on CUDA only (on the CPU the ordinary step is as fast,
+        and the CPU tests run both). Exactness is the same either way; on a GPU the products of
+        a padded step may round as those of another batch size do.
+    enforce_eager: with the static step on CUDA, False replays its steps as CUDA graphs
+        (runtime/cuda_graphs.py); True runs every kernel eagerly (vLLM's name). A replayed step
+        gives the eager step's logits bit for bit.
     """
 
     max_num_seqs: int = 64
@@ -266,9 +273,13 @@ class EngineConfig:
     cache: CacheConfig = CacheConfig()
     speculative: SpeculativeConfig = SpeculativeConfig()
     structured: StructuredOutputConfig = StructuredOutputConfig()
+    static_step: bool | None = None
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
+        _require(self.static_step is None or isinstance(self.static_step, bool), "static_step", self.static_step, "True, False or None")
+        _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "True or False")
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("max_model_len", self.max_model_len)
         k = self.speculative.num_speculative_tokens if self.speculative.enabled else 0

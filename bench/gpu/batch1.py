@@ -1,5 +1,6 @@
-"""Batch 1, greedy, a fixed number of new tokens: verispec (no drafter, and an n-gram drafter
-that finds nothing on random weights) against Hugging Face generate, eager and with a static
+"""Batch 1, greedy, a fixed number of new tokens: verispec (no drafter, with its steps replayed
+as CUDA graphs and with enforce_eager, and an n-gram drafter that finds nothing on random
+weights) against Hugging Face generate, eager and with a static
 cache + torch.compile(mode="reduce-overhead") (the stock anchor of issue 42), and the
 weight-bytes floor of one decode step (weights / copy bandwidth measured in the same run).
 
@@ -53,6 +54,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     common = dict(dtype=args.dtype, device=args.device, kv_cache_gib=1.0, max_num_seqs=1, progress=False)
     plain = LLM(args.model, draft="none", **common)
+    unreplayed = LLM(args.model, draft="none", enforce_eager=True, **common)
     ngram = LLM(args.model, draft="ngram", num_speculative_tokens=args.k, **common)
     prompt = plain.tokenizer.encode(PROMPT)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
@@ -72,7 +74,8 @@ def main() -> None:
             return out[0, ids.shape[1]:].tolist()
         return run
 
-    systems = {"verispec": ours(plain), "verispec + n-gram": ours(ngram), "HF generate": hf(eager)}
+    systems = {"verispec": ours(plain), "verispec eager": ours(unreplayed), "verispec + n-gram": ours(ngram),
+               "HF generate": hf(eager)}
     if not args.no_compile:
         compiled = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
         compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)

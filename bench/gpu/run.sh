@@ -32,7 +32,8 @@ step() {  # step NAME SECONDS COMMAND...: a cut-off or failed step does not stop
 }
 step checkpoint 50 "$PY" bench/gpu/make_checkpoint.py --shape "$SHAPE" --out "$CKPT" \
     --tokenizer .gpu/tokenizer --device "$DEVICE"
-TESTS="tests/sample/test_triton.py tests/sample/test_triton_split_rows.py tests/engine/test_cuda.py tests/engine/test_greedy_path.py"
+TESTS="tests/sample/test_triton.py tests/sample/test_triton_split_rows.py tests/engine/test_cuda.py tests/engine/test_greedy_path.py
+    tests/model/test_row_attention.py"
 if [ "$DEVICE" = cuda ]; then
     step tests 110 env OMP_NUM_THREADS=2 "$PY" -m pytest -p no:cacheprovider -o addopts= -n 8 -q \
         --timeout 100 -rfE $TESTS

@@ -3,11 +3,14 @@
 Tiny random checkpoints, sharpened so that greedy decisions do not hang on rounding: with every
 kind of drafter, trees and CFG, greedy output on the GPU equals the CPU engine's token for
 token and the GPU's own plain decoding; a seeded sampled request gives the same tokens alone and
-in a batch; every KV block is free at the end.
+in a batch; every KV block is free at the end. Decode and verify steps replayed as CUDA graphs
+give every step's logits bit for bit as the same steps run eagerly (enforce_eager), so greedy
+and seeded output are identical, with every drafter; the padded step equals the ordinary one.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -32,9 +35,10 @@ def checkpoints(tmp_path_factory) -> Path:
     tiny_checkpoint(root / "model", seed=0, vocab=16)
     tiny_checkpoint(root / "draft", seed=1, vocab=16, sharpen=3.0)
     plain = LLM(model=str(root / "model"), draft="none", progress=False, kv_cache_gib=0.01)
-    head = new_head(HeadConfig.for_target("medusa", plain.model.config, num_medusa_heads=3), plain.model,
-                    torch.arange(16))
-    save_head(head, root / "medusa.safetensors")
+    for kind in ("medusa", "eagle"):
+        head = new_head(HeadConfig.for_target(kind, plain.model.config, num_medusa_heads=3), plain.model,
+                        torch.arange(16))
+        save_head(head, root / f"{kind}.safetensors")
     return root
 
 
@@ -45,7 +49,45 @@ def _setups(root: Path) -> dict[str, dict]:
         "draft model": dict(draft=str(root / "draft"), num_speculative_tokens=3),
         "medusa tree": dict(draft=str(root / "medusa.safetensors"), tree=(3, 2, 1)),
         "ngram tree": dict(draft="ngram", tree=(2, 1)),
+        "eagle": dict(draft=str(root / "eagle.safetensors"), num_speculative_tokens=3),
+        "medusa": dict(draft=str(root / "medusa.safetensors"), num_speculative_tokens=3),
     }
+
+
+def _logged_steps(llm: LLM, params: SamplingParams) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Output token ids, and the logits every step handed to verification."""
+    logits = []
+    verify = llm.engine._verify
+    llm.engine._verify = lambda sampling, drafts, rows: logits.append(rows.clone()) or verify(sampling, drafts, rows)
+    return _ids(llm, params), logits
+
+
+REPLAYED = [(name, params) for name in ["none", "ngram", "draft model", "eagle", "medusa", "medusa tree", "ngram tree"]
+            for params in (GREEDY, SEEDED)] + [("ngram", CFG)]
+
+
+@pytest.mark.parametrize("name,params", REPLAYED,
+                         ids=[f"{n}-{'cfg' if p is CFG else 'greedy' if p is GREEDY else 'seeded'}" for n, p in REPLAYED])
+def test_graph_replay_equals_eager_bit_for_bit(checkpoints, name: str, params: SamplingParams) -> None:
+    setup = _setups(checkpoints)[name]
+    replayed = _llm(checkpoints, "cuda", "bfloat16", **setup)
+    ids, logits = _logged_steps(replayed, params)
+    graphs = replayed.engine.runner.graphs
+    assert graphs is not None and graphs.num_graphs > 0 and not graphs.failed
+    eager = _llm(checkpoints, "cuda", "bfloat16", enforce_eager=True, **setup)
+    assert eager.engine.runner.graphs is None and eager.engine.runner.static is not None
+    eager_ids, eager_logits = _logged_steps(eager, params)
+    assert ids == eager_ids
+    assert len(logits) == len(eager_logits) and all(torch.equal(a, b) for a, b in zip(logits, eager_logits))
+
+
+@pytest.mark.parametrize("name", ["none", "ngram", "eagle"])
+def test_the_padded_step_equals_the_ordinary_step_on_the_gpu(checkpoints, name: str) -> None:
+    setup = _setups(checkpoints)[name]
+    ordinary = _llm(checkpoints, "cuda", static_step=False, **setup)
+    assert ordinary.engine.runner.static is None
+    for params in (GREEDY, SEEDED):
+        assert _ids(_llm(checkpoints, "cuda", **setup), params) == _ids(ordinary, params)
 
 
 def _llm(root: Path, device: str, dtype: str = "float32", **setup) -> LLM:
@@ -84,3 +126,17 @@ def test_a_seeded_request_is_batch_invariant_on_the_gpu(checkpoints, name: str) 
     batch = llm.generate(PROMPTS, [SEEDED, others, others, others], use_tqdm=False)
     assert batch[0].token_ids == alone
     assert all(0 <= t < 16 for o in batch for t in o.token_ids)
+
+
+def test_a_failed_capture_logs_one_line_and_runs_eagerly(checkpoints, monkeypatch, caplog) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("no capture here")
+
+    setup = _setups(checkpoints)["ngram"]
+    expected = _ids(_llm(checkpoints, "cuda", "bfloat16", enforce_eager=True, **setup), GREEDY)
+    monkeypatch.setattr(torch.cuda, "graph", broken)
+    llm = _llm(checkpoints, "cuda", "bfloat16", **setup)
+    with caplog.at_level(logging.WARNING, logger="verispec.runtime.cuda_graphs"):
+        assert _ids(llm, GREEDY) == expected
+    assert llm.engine.runner.graphs.failed and llm.engine.runner.graphs.num_graphs == 0
+    assert [r.getMessage().count("no capture here") for r in caplog.records] == [1]

@@ -42,6 +42,7 @@ from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..model.product_choice import machine_key
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.greedy import greedy_chains, plain_greedy
+from ..sample.metadata import MetadataBuffers
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
@@ -57,6 +58,7 @@ from ..runtime.kv_cache import BlockManager
 from ..runtime.prefix_cache import identity_key
 from .request import FinishReason, Request
 from ..runtime.runner import Feed, ModelRunner
+from ..runtime.static_step import StaticShapes
 from .scheduler import ScheduledRequest, Scheduler
 from .tree import accepted_rows, feed_parents, path_move
 
@@ -188,7 +190,9 @@ class LLMEngine:
         self.blocks = BlockManager(config.cache.num_blocks, config.cache.block_size, prefix_root=root,
                                    window=window)
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else self._prefix_limit)
-        self.runner = ModelRunner(model, self.blocks)
+        self.runner = ModelRunner(model, self.blocks, *_static_shapes(config, model))
+        # Padded steps keep the sampler's per-step tensors in buffers too (sample/metadata.py).
+        self._metadata_buffers = MetadataBuffers(model.device) if self.runner.static is not None else None
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = set(model.config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -576,6 +580,7 @@ class LLMEngine:
             device=device,
             prompt_token_ids=[p.request.prompt_token_ids for p in sampling],
             output_token_ids=[p.request.output_token_ids for p in sampling],
+            buffers=self._metadata_buffers,
         )
         # Without CFG every logits row is a target row: no copy of [rows, V].
         target = logits if len(target_rows) == logits.shape[0] \
@@ -699,6 +704,21 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
             new_step=step,
         )
+
+
+def _static_shapes(config: EngineConfig, model: LlamaModel) -> tuple[StaticShapes | None, bool]:
+    """The target runner's padded-step shapes (None: the ordinary step) and whether it replays
+    them as CUDA graphs (EngineConfig.static_step, enforce_eager)."""
+    cuda = model.device.type == "cuda"
+    if not (cuda if config.static_step is None else config.static_step):
+        return None, False
+    spec = config.speculative
+    # A step feeds the pending token and its drafts (tree nodes).
+    rows = spec.num_draft_tokens + 1 if spec.enabled else 1
+    # A CFG request feeds two sequences.
+    shapes = StaticShapes.covering(2 * config.max_num_seqs, rows, config.max_model_len + rows,
+                                   config.cache.block_size, trees=spec.enabled and spec.tree is not None)
+    return shapes, cuda and not config.enforce_eager
 
 
 def _grammar_cut(requests: list[DraftRequest], batch: DraftBatch) -> DraftBatch:

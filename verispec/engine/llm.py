@@ -160,6 +160,10 @@ class LLM:
     enable_prefix_caching: reuse the KV cache of prompt prefixes already computed
         (CacheConfig.enable_prefix_caching); False computes every prompt in full.
     structured: limits and cache of structured-output grammars (StructuredOutputConfig).
+    enforce_eager: on CUDA, run decode and verify steps kernel by kernel instead of replaying
+        them as CUDA graphs (EngineConfig.enforce_eager, vLLM's name).
+    static_step: run decode and verify steps padded over persistent buffers; None: on CUDA only
+        (EngineConfig.static_step).
     """
 
     def __init__(
@@ -182,6 +186,8 @@ class LLM:
         quantization_group_size: int = 32,
         enable_prefix_caching: bool = True,
         structured: StructuredOutputConfig = StructuredOutputConfig(),
+        enforce_eager: bool = False,
+        static_step: bool | None = None,
     ) -> None:
         torch_dtype, quantization = resolve_weights(model, dtype, quantization, device)
         if not (isinstance(kv_cache_gib, (int, float)) and math.isfinite(kv_cache_gib) and kv_cache_gib > 0):
@@ -205,6 +211,8 @@ class LLM:
             cache=CacheConfig(block_size, enable_prefix_caching=enable_prefix_caching),
             speculative=spec,
             structured=structured,
+            static_step=static_step,
+            enforce_eager=enforce_eager,
         )
         self.model, self.tokenizer = load_model(model, dtype=torch_dtype, device=device, progress=progress,
                                                 quantization=quantization,

@@ -34,6 +34,13 @@ exactly 0, so results are bit for bit those with the blocks kept). Scores may be
 other than head_dim ** -0.5 and soft-capped (cap * tanh(s / cap), Gemma 2); SDPA has no soft
 cap, so capped attention runs as explicit products and a softmax.
 
+A step whose shapes are fixed per bucket (runtime/static_step.py: decode and verify rows padded to
+a bucket of sequences x rows, replayable as a CUDA graph) describes its rows on the device instead
+(RowLayout): each row's block-table row and how many positions it sees. Its plan is built from
+those tensors alone, with no host-side lengths, and every row is attended row by row
+(verispec.model.row_attention: the compiled kernel on the CPU, a Triton kernel on CUDA), reading
+the block table on the device rather than gathering blocks into tensors of the step's own size.
+
 With `rowwise` (quantized models, whose int8 activations magnify any difference, and CPU
 float32 models), every sequence is attended by the compiled row-by-row kernel instead
 (verispec.cpu_kernels, csrc/attention.h), float32 models' long prefill chunks excepted
@@ -57,10 +64,27 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from verispec.model.quant.kernels import compiled_kernels
+from verispec.model.row_attention import attend_rows
+from verispec.model.row_plan import RowPlan
 
 # Above this many new tokens a sequence is attended on its own (see the module docstring).
 MAX_PADDED_QUERY_LEN = 16
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Every new token as a row on the device (module docstring): it reads row row_seq of the
+    block table and attends positions 0 .. row_visible - 1 (a chain row at position p: p + 1,
+    its own key written first), and a tree row also tree_start + j where tree_mask[row, j] (its
+    ancestors and itself; a tree row's row_visible is its tree's first position). Padding rows
+    point at a block-table row of reserved blocks and see 1 position, which nothing else reads."""
+
+    row_seq: torch.Tensor  # [T] int64
+    row_visible: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, rotary positions (a tree row's: its tree start + depth)
+    tree_start: torch.Tensor  # [T] int64
+    tree_mask: torch.Tensor  # [T, rows per sequence] bool, or [T, 0] without trees
+    zeros: torch.Tensor  # [T] int64, all 0 (the first position seen without a window)
 
 
 @dataclass
@@ -80,8 +104,12 @@ class AttentionMetadata:
     seq_lens_list: list[int] | None = field(default=None)
     # Per sequence, the parents of its new rows (module docstring: tree), or None for a chain.
     trees: list[list[int] | None] | None = field(default=None)
+    # The rows on the device (a fixed-shape step); then the lists are not read and stay None.
+    rows: RowLayout | None = field(default=None)
 
     def __post_init__(self) -> None:
+        if self.rows is not None:
+            return
         if self.query_lens_list is None:
             self.query_lens_list = torch.diff(self.query_start_loc).tolist()
         if self.seq_lens_list is None:
@@ -200,26 +228,6 @@ class _PaddedGroup:
 
 
 @dataclass
-class _Rows:
-    """The new tokens attended by the row-by-row kernel (module docstring)."""
-
-    rows: torch.Tensor | None  # [R] int64 their new-token rows; None: all T rows, in order
-    block_tables: torch.Tensor  # [B, max_blocks] int64
-    row_seq: torch.Tensor  # [R] int64 row -> its block table row
-    row_first: torch.Tensor  # [R] int64 first position attended (> 0 under a sliding window)
-    row_visible: torch.Tensor  # [R] int64 positions row_first .. row_visible - 1 attended
-    row_tree_start: torch.Tensor  # [R] int64 first new position of a tree row's sequence
-    tree_mask: torch.Tensor  # [R, max_new] bool new positions a tree row attends (0 columns: none)
-
-    def tensors(self) -> list[torch.Tensor]:
-        """The plan as the compiled decoder layers take it (every new token a row, in order)."""
-        if self.rows is not None:
-            raise ValueError("the compiled layers attend every new token row by row")
-        return [t.contiguous() for t in (self.block_tables, self.row_seq, self.row_first,
-                                         self.row_visible, self.row_tree_start, self.tree_mask)]
-
-
-@dataclass
 class _Single:
     """One long sequence (a prefill chunk), attended on its own."""
 
@@ -243,12 +251,17 @@ class AttentionPlan:
         (None: no limit) and MAX_PADDED_QUERY_LEN, attended on their own; window: a sliding
         window (module docstring)."""
         device = attn.slot_mapping.device
+        self.slot_mapping = attn.slot_mapping
+        self.singles: list[_Single] = []
+        self.padded = None
+        self.widen_padded = False
+        if attn.rows is not None:
+            self.rows = self._device_rows(attn.block_tables, attn.rows, window)
+            return
         query_lens, seq_lens = attn.query_lens_list, attn.seq_lens_list
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        self.slot_mapping = attn.slot_mapping
-        self.singles: list[_Single] = []
         short: list[int] = []
         trees = attn.trees or [None] * len(query_lens)
         for b, (n, s, parents) in enumerate(zip(query_lens, seq_lens, trees)):
@@ -270,8 +283,15 @@ class AttentionPlan:
             and self.padded.max_query_len == 1
 
     @staticmethod
+    def _device_rows(block_tables: torch.Tensor, layout: RowLayout, window: int | None) -> RowPlan:
+        # Keys at positions > p - window for a row at rotary position p, as window_mask keeps them.
+        first = layout.zeros if window is None else (layout.positions - window + 1).clamp_min(0)
+        return RowPlan(None, block_tables, layout.row_seq, first, layout.row_visible, layout.tree_start,
+                       layout.tree_mask)
+
+    @staticmethod
     def _plan_rows(attn: AttentionMetadata, seqs: list[int], starts: list[int],
-                   window: int | None) -> _Rows:
+                   window: int | None) -> RowPlan:
         device = attn.slot_mapping.device
         trees = attn.trees or [None] * len(attn.query_lens_list)
         tree_width = max((attn.query_lens_list[b] for b in seqs if trees[b] is not None),
@@ -298,8 +318,8 @@ class AttentionPlan:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
         everything = len(rows) == len(attn.slot_mapping)
-        return _Rows(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
-                     tensor(first), tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
+        return RowPlan(None if everything else tensor(rows), attn.block_tables, tensor(row_seq),
+                       tensor(first), tensor(visible), tensor(tree_start), torch.cat(masks).to(device))
 
     @staticmethod
     def _plan_padded(attn: AttentionMetadata, seqs: list[int], starts: list[int],
@@ -365,10 +385,7 @@ def paged_attention(
     if plan.rows is not None:
         rows = plan.rows
         queries = q if rows.rows is None else q.index_select(0, rows.rows)
-        out = compiled_kernels().paged_attention_rows(
-            queries, kv_cache, rows.block_tables, rows.row_seq, rows.row_first, rows.row_visible,
-            rows.row_tree_start, rows.tree_mask, head_dim ** -0.5 if scale is None else scale,
-            0.0 if softcap is None else softcap)
+        out = attend_rows(queries, kv_cache, rows, head_dim ** -0.5 if scale is None else scale, softcap)
         if rows.rows is None:
             return out
         result = q.new_empty(num_tokens, num_heads * head_dim)

@@ -3,6 +3,11 @@
 It turns plain-Python feeds into the model's ragged-batch inputs against the paged KV cache,
 runs the forward pass, and hands logits to the sampler. A drafter that runs a model owns a
 runner of its own, over its own cache.
+
+With StaticShapes (the engine's target on CUDA by default, EngineConfig.static_step), decode and
+verify steps run padded over persistent buffers (static_step.py) and, with `graphs`, as CUDA
+graphs (cuda_graphs.py); the logits and hidden states handed back are the fed rows' only, as
+in the ordinary path.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import torch
 
 from ..model import AttentionMetadata, LlamaModel
 from ..model.attention import check_parents, new_positions
+from .cuda_graphs import StepGraphs
 from .kv_cache import BlockManager
+from .static_step import StaticInputs, StaticShapes, StaticStep
 
 
 @dataclass(frozen=True)
@@ -71,17 +78,26 @@ class StepInputs:
 
 class ModelRunner:
     """Runs `model` (a LlamaModel, or a drafter's head with the same cache interface) over
-    `blocks`' paged cache."""
+    `blocks`' paged cache; with `static`, decode and verify steps of `model` (a LlamaModel) run
+    padded (module docstring), as CUDA graphs with `graphs`."""
 
-    def __init__(self, model: LlamaModel, blocks: BlockManager) -> None:
+    def __init__(self, model: LlamaModel, blocks: BlockManager, static: StaticShapes | None = None,
+                 graphs: bool = False) -> None:
         self.model = model
         self.blocks = blocks
         self.device = next(model.parameters()).device
-        self.kv_caches = model.allocate_kv_cache(blocks.num_blocks, blocks.block_size)
+        # A padded step's reserved block is one more than the BlockManager hands out.
+        self.kv_caches = model.allocate_kv_cache(blocks.num_blocks + (static is not None), blocks.block_size)
+        self.static = None if static is None else \
+            StaticInputs(self.device, static, blocks.block_size, reserved_block=blocks.num_blocks)
+        self.graphs = StepGraphs() if graphs and static is not None else None
 
     def forward(self, feeds: Sequence[Feed]) -> torch.Tensor:  # [sum(num_logits), V] float32
         """The caller has already reserved slots for every fed token in the BlockManager;
         `feeds` is not empty."""
+        static = self._static_step(feeds)
+        if static is not None:
+            return self._run_static(static, ())[0]
         step = self.inputs(feeds)
         return self.model(step.input_ids, step.positions, step.attn, self.kv_caches, step.logits_rows)
 
@@ -90,9 +106,31 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [sum(num_logits), V] float32, [T, H * hidden_size]
         """`forward`, plus the hidden states of `hidden_layers` for every fed token, in feed
         order (LlamaModel.forward_hidden)."""
+        static = self._static_step(feeds)
+        if static is not None:
+            return self._run_static(static, tuple(hidden_layers))
         step = self.inputs(feeds)
         return self.model.forward_hidden(step.input_ids, step.positions, step.attn, self.kv_caches,
                                          step.logits_rows, hidden_layers)
+
+    def _static_step(self, feeds: Sequence[Feed]) -> StaticStep | None:
+        """The padded step of a step whose every row needs logits, else None."""
+        if self.static is None or any(f.num_logits != len(f.token_ids) for f in feeds):
+            return None
+        reserved = self.static.reserved_block
+        return self.static.prepare([f.token_ids for f in feeds], [f.start for f in feeds],
+                                   [self.blocks.block_table(f.seq_id, hole=reserved) for f in feeds],
+                                   [f.parents for f in feeds])
+
+    def _run_static(self, step: StaticStep, hidden_layers: tuple[int, ...],
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [fed, V], [fed, H * hidden_size]
+        def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self.model.forward_hidden(step.input_ids, step.positions, step.attn, self.kv_caches,
+                                             step.logits_rows, hidden_layers)
+
+        logits, hidden = forward() if self.graphs is None else self.graphs.run((step.shape, hidden_layers), forward)
+        return logits.index_select(0, step.real_rows), \
+            None if hidden is None else hidden.index_select(0, step.real_rows)
 
     def move_kv(self, moves: Sequence[KVMove]) -> None:
         """Copies cache entries as `moves` say, in every layer. All sources are read before any

@@ -1,7 +1,8 @@
 """SamplingMetadata: the per-request sampling parameters of one batch, as tensors.
 
 Built once per step on the host from plain Python values (no device reads), then moved to the
-device in one copy per field. The fast-path flags let the sampler skip whole stages (no sort when
+device in one copy per field, or, with MetadataBuffers (an engine whose steps are padded,
+runtime/static_step.py), written into buffers allocated once and moved in two copies. The fast-path flags let the sampler skip whole stages (no sort when
 no request uses top-k / top-p, no CFG combine when no request is guided, no random numbers when
 all are greedy, no penalty / bias / mask stage when `adjustments` is None) without inspecting
 tensors.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import torch
 
 from ..sampling_params import SamplingParams
@@ -20,6 +22,42 @@ from .rng import fresh_seed, request_keys
 
 if TYPE_CHECKING:
     from ..structured.matcher import GrammarMatcher
+
+
+class MetadataBuffers:
+    """Host staging and device tensors that one caller's SamplingMetadata are written into step
+    after step: the float fields as one [4, capacity] tensor and the integer ones as another,
+    each moved in one copy (from pinned memory on CUDA). A metadata's tensors are views of them,
+    valid until the next write; the buffers grow when a batch outgrows them."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.capacity = 0
+        self._copied: torch.cuda.Event | None = None
+
+    def write(
+        self,
+        floats: Sequence[Sequence[float]],  # 4 rows of n values
+        ints: Sequence[Sequence[int]],  # 4 rows of n values
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [4, n] float32, [4, n] int64 on the device
+        n = len(floats[0])
+        if self._copied is not None:  # the staging must not change under a copy in flight
+            self._copied.synchronize()
+        if n > self.capacity:
+            self.capacity = max(n, 2 * self.capacity, 16)
+            pinned = self.device.type == "cuda"
+            self._host_floats = torch.zeros(4, self.capacity, dtype=torch.float32, pin_memory=pinned)
+            self._host_ints = torch.zeros(4, self.capacity, dtype=torch.int64, pin_memory=pinned)
+            self._floats = torch.zeros(4, self.capacity, dtype=torch.float32, device=self.device)
+            self._ints = torch.zeros(4, self.capacity, dtype=torch.int64, device=self.device)
+        self._host_floats.numpy()[:, :n] = np.asarray(floats, dtype=np.float32)
+        self._host_ints.numpy()[:, :n] = np.asarray(ints, dtype=np.int64)
+        self._floats.copy_(self._host_floats, non_blocking=True)
+        self._ints.copy_(self._host_ints, non_blocking=True)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return self._floats[:, :n], self._ints[:, :n]
 
 
 @dataclass(frozen=True)
@@ -68,6 +106,7 @@ class SamplingMetadata:
         device: torch.device | str = "cpu",
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         output_token_ids: Sequence[Sequence[int]] | None = None,
+        buffers: MetadataBuffers | None = None,
     ) -> "SamplingMetadata":
         """params: one SamplingParams per request.
 
@@ -75,6 +114,8 @@ class SamplingMetadata:
             the request's random numbers, so it must advance between verify steps.
         seeds: overrides params[b].seed (the engine passes each request's resolved seed);
             a request with no seed from either gets a fresh one.
+        buffers: write the tensors into these (on their device, which `device` must name)
+            instead of allocating them.
         prompt_token_ids, output_token_ids: each request's prompt and output so far, read only
             for requests with penalties (None: empty). The verifier adds each row's preceding
             draft tokens itself.
@@ -107,18 +148,21 @@ class SamplingMetadata:
                 greedy,
             ))
         temperature, top_k, top_p, min_p, scale, seed_col, greedy_col = zip(*rows)
+        if buffers is not None:
+            floats, ints = buffers.write((temperature, top_p, min_p, scale), (top_k, seed_col, steps, greedy_col))
+            fields = dict(temperature=floats[0], top_p=floats[1], min_p=floats[2], guidance_scale=floats[3],
+                          top_k=ints[0], keys=request_keys(ints[1], ints[2]), is_greedy=ints[3] != 0)
+        else:
+            def tensor(values: tuple, dtype: torch.dtype) -> torch.Tensor:
+                return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-        def tensor(values: tuple, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
+            fields = dict(temperature=tensor(temperature, torch.float32), top_k=tensor(top_k, torch.int64),
+                          top_p=tensor(top_p, torch.float32), min_p=tensor(min_p, torch.float32),
+                          guidance_scale=tensor(scale, torch.float32),
+                          keys=request_keys(tensor(seed_col, torch.int64), tensor(tuple(steps), torch.int64)),
+                          is_greedy=tensor(greedy_col, torch.bool))
         return cls(
-            temperature=tensor(temperature, torch.float32),
-            top_k=tensor(top_k, torch.int64),
-            top_p=tensor(top_p, torch.float32),
-            min_p=tensor(min_p, torch.float32),
-            guidance_scale=tensor(scale, torch.float32),
-            keys=request_keys(tensor(seed_col, torch.int64), tensor(tuple(steps), torch.int64)),
-            is_greedy=tensor(greedy_col, torch.bool),
+            **fields,
             all_greedy=all(greedy_col),
             all_random=not any(greedy_col),
             any_top_k=any(k > 0 for k in top_k),
