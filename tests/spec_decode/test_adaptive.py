@@ -70,15 +70,16 @@ def test_a_request_at_zero_probes_again_ever_more_rarely_while_its_probes_fail()
     ctl = AdaptiveK(max_k=4, probe_interval=3)
     for _ in range(40):
         ctl.observe("a", 4, 0)
-    # 3 steps, then 6, then 12 = 3 x PROBE_BACKOFF apart, and no further.
-    assert PROBE_BACKOFF == 4 and _probe_calls(ctl, "a", 33) == [3, 9, 21, 33]
+    # An interval, then 2 and 4 = PROBE_BACKOFF intervals apart, and no further.
+    interval = ctl.probe_interval_at(1)
+    assert PROBE_BACKOFF == 4 and _probe_calls(ctl, "a", 11 * interval) == [interval * n for n in (1, 3, 7, 11)]
     # Drafts that pay again reset the interval.
     for _ in range(40):
         ctl.observe("a", 4, 4)
     assert ctl.num_draft_tokens("a") > 0
     for _ in range(40):
         ctl.observe("a", 4, 0)
-    assert _probe_calls(ctl, "a", 9) == [3, 9]
+    assert _probe_calls(ctl, "a", 3 * interval) == [interval, 3 * interval]
     ctl.release("a")
     assert ctl.num_draft_tokens("a") > 0
 
@@ -172,20 +173,22 @@ def test_costly_probes_wait_longer() -> None:
     with an expensive drafter costs about what probing with a cheap one does."""
     cheap = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=8)
     costly = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=8, draft_cost=DraftCost(per_call=0.6, per_position=0.3))
-    probe_cost = 0.1 / 1.1 + 0.9 / 1.1  # its row and its call, relative to a one-row step
-    assert cheap.probe_interval_at(1) == 8
+    row = 0.1 / 1.1  # a probe's row, relative to a one-row step
+    probe_cost = row + 0.9 / 1.1  # its row and its call
+    assert cheap.probe_interval_at(1) == math.ceil(8 * max(1.0, row / PROBE_COST)) < 12
     assert costly.probe_interval_at(1) == math.ceil(8 * probe_cost / PROBE_COST)
     # Recalibrated to a free drafter, the costly gate probes as the cheap one; declared
     # lookups keep the constructor's constants.
     costly.recalibrate(0.1, DraftCost())
-    assert costly.probe_interval_at(1) == 8
+    assert costly.probe_interval_at(1) == cheap.probe_interval_at(1)
     assert costly.probe_interval_at(1, declared=True) == math.ceil(8 * probe_cost / PROBE_COST)
 
 
 def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> None:
     ctl = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=4)
     intervals = [ctl.probe_interval_at(b) for b in (1, 2, 4, 16)]
-    assert intervals[0] == 4 and intervals == sorted(intervals) and intervals[-1] > 4 * 5
+    assert intervals[0] == math.ceil(4 * (0.1 / 1.1) / PROBE_COST) and intervals == sorted(intervals)
+    assert intervals[-1] > intervals[0] * 5
     for rid in ("a", "b"):
         _confident(ctl, rid, 0, 4)
     ctl.num_draft_tokens("a", 2, engine_step=1)  # "a" has idled one step longer than "b"
@@ -197,12 +200,12 @@ def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> No
                 probes[rid].append(step)
             else:
                 assert not ctl.probing(rid)
-    interval, backoff, expected = ctl.probe_interval_at(2), 1, []
-    for step in range(2, 80):
-        if step % (interval * backoff) == 0:
-            expected.append(step)
-            backoff = min(2 * backoff, PROBE_BACKOFF)
-    assert probes["a"] == probes["b"] == expected and len(expected) >= 3
+    # Each probes on the first shared step (a multiple of the interval) after idling an interval,
+    # then 2x and 4x (PROBE_BACKOFF) as far apart: "b", a step behind, waits for the next shared
+    # step, and the two probe together from then on.
+    i = ctl.probe_interval_at(2)
+    assert PROBE_BACKOFF == 4 and 8 * i < 80
+    assert probes["a"] == [i, 4 * i, 8 * i] and probes["b"] == [2 * i, 4 * i, 8 * i]
 
 
 def _productive(gate: TreeGate, request_id: str, accepted: int) -> None:
@@ -225,9 +228,10 @@ def test_a_tree_pays_alone_when_it_is_accepted_and_not_in_a_big_batch() -> None:
 def test_a_request_without_a_tree_probes_with_a_whole_tree() -> None:
     gate = TreeGate(nodes=5, depth=2, probe_interval=3)
     _productive(gate, "a", 0)
-    # Five probe rows cost 5 x 0.1 / 1.1 = 0.45 of a step, 1.8x PROBE_COST: 3 x 1.8 steps apart.
-    assert gate.probe_interval_at(1) == 6
-    assert [gate.num_draft_tokens("a") for _ in range(18)] == [0] * 5 + [5] + [0] * 11 + [5]
+    # Five probe rows cost 5 x 0.1 / 1.1 = 0.45 of a step: 3 x 0.45 / PROBE_COST steps apart.
+    i = gate.probe_interval_at(1)
+    assert i == math.ceil(3 * (0.5 / 1.1) / PROBE_COST)
+    assert [gate.num_draft_tokens("a") for _ in range(3 * i)] == [0] * (i - 1) + [5] + [0] * (2 * i - 1) + [5]
     assert gate.probing("a")
     # Before its first tree is judged a request probes, whatever the batch.
     assert gate.num_draft_tokens("fresh", 64) == 5 and gate.probing("fresh")

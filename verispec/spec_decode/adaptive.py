@@ -19,7 +19,8 @@ rejection of a step counts once; drafts after it were never judged), starting fr
 `prior_weight` drafts. A request whose K dropped to 0 probes with one draft every
 `probe_interval` steps, so text that turns repetitive regains speculation; in a batch of B the
 interval grows by c(B) / c(1) (a probe row costs that much more of the step there), and all such
-requests of the batch probe on the same engine step. Each probe after which K stays 0 doubles
+requests of the batch probe on the same engine step (the first one after the request has idled
+that long: a request shorter than the interval never probes). Each probe after which K stays 0 doubles
 the request's interval, up to PROBE_BACKOFF times (a drafter that does not pay on this text
 then costs a quarter of what its probes would); a K above 0 resets it. Intervals that are
 powers of two apart keep a batch's probes on shared steps.
@@ -54,7 +55,9 @@ from .metrics import expected_emitted_tokens
 
 # The most a request's probe may cost, as a share of a step, at the base probe interval; a
 # costlier probe (a bigger batch, an expensive drafter call) waits longer (probe_interval_at).
-PROBE_COST = 0.25
+# At 8 steps apart, probing that never pays then costs at most 1 % of the time: a drafter
+# that does not pay on this text is no slower than none by more than that.
+PROBE_COST = 0.08
 # The most a request's probe interval grows while its probes keep finding K = 0 (module docstring).
 PROBE_BACKOFF = 4
 
@@ -173,7 +176,7 @@ class _Gate(ABC):
         if k == 0 and self.probe_size > 0:
             e.idle_steps += 1
             interval = self.probe_interval_at(batch_size, declared) * e.backoff
-            due = e.idle_steps >= interval if engine_step is None else engine_step % interval == 0
+            due = e.idle_steps >= interval and (engine_step is None or engine_step % interval == 0)
             if due:
                 e.idle_steps = 0
                 e.probing = True
@@ -190,7 +193,8 @@ class _Gate(ABC):
         interval = self.probe_interval_at(max(1, batch_size), declared) * e.backoff
         if engine_step is None:
             return e.idle_steps + steps >= interval
-        return (-engine_step) % interval < steps
+        # The j-th call from now is a shared probe step; it probes once the request has idled enough.
+        return any(e.idle_steps + j + 1 >= interval for j in range((-engine_step) % interval, steps, interval))
 
     def probing(self, request_id: str) -> bool:
         """Whether the request's last drafts came from a probe rather than from its acceptance."""

@@ -179,6 +179,12 @@ class Drafter(ABC):
         return TreeBatch(batch.token_ids, [list(range(-1, len(t) - 1)) for t in batch.token_ids],
                          batch.probs)
 
+    def absorb(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Takes in what the target just computed for each (request id, token ids) without
+        drafting (the engine calls it for a batch-invariant request at K = 0 whose prompt was
+        just computed): a drafter with a cache of its own may fill and publish it. This
+        default: nothing."""
+
     def observe(
         self,
         fed: Sequence[FedTokens],

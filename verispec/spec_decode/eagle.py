@@ -192,6 +192,21 @@ class EagleDrafter(Drafter):
         return grow_tree_batch(requests, active, shape, self.head.logits(roots), self.head.draft_vocab,
                                self.head.config.target_vocab_size, expand, exclude)
 
+    @torch.inference_mode()
+    def absorb(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Feeds the head the positions of each (request id, token ids) whose features it holds,
+        without drafting, and publishes their blocks: a request at K = 0 whose prompt was just
+        computed, so that the prompt's head blocks are cached for the next request that sends
+        it (and its first probe has nothing to catch up on)."""
+        synced = [s for rid, tokens in requests if (s := self._sync(rid, tokens, 0)) is not None]
+        if not synced:
+            return
+        step = self.runner.inputs([feed for feed, _ in synced])
+        self.head(torch.cat([features for _, features in synced]), step.input_ids, step.positions, step.attn,
+                  self.runner.kv_caches)
+        for rid, tokens in requests:
+            self._publish(rid, tokens)
+
     def _start(self, requests: Sequence[DraftRequest], draft_rows: Callable[[DraftRequest], int],
                ) -> tuple[list[Feed], list[torch.Tensor], list[int]]:
         """The first head pass's feeds and their features ([rows, d] each), for the requests
@@ -199,24 +214,29 @@ class EagleDrafter(Drafter):
         drafting needs after the confirmed positions."""
         feeds, features, active = [], [], []
         for i, request in enumerate(requests):
-            synced = self._sync(request, draft_rows(request)) if request.num_draft_tokens > 0 else None
+            synced = self._sync(request.request_id, request.token_ids, draft_rows(request)) \
+                if request.num_draft_tokens > 0 else None
             if synced is not None:
                 feeds.append(synced[0])
                 features.append(synced[1])
                 active.append(i)
         return feeds, features, active
 
-    def _sync(self, request: DraftRequest, draft_rows: int) -> tuple[Feed, torch.Tensor] | None:
+    def _publish(self, rid: str, tokens: Sequence[int]) -> None:
+        """Publishes the head blocks of the request's confirmed positions up to its first hole."""
+        if self.blocks.prefix is not None and self.blocks.has(rid):
+            confirmed = self._confirmed.get(rid, 0)
+            root, hashes = self._chain(rid, tokens, min(confirmed, self._holes.get(rid, confirmed)))
+            self.blocks.publish(rid, hashes, tokens[1:], root)
+
+    def _sync(self, rid: str, tokens: Sequence[int], draft_rows: int) -> tuple[Feed, torch.Tensor] | None:
         """Rolls the head's cache back to its confirmed positions and returns the feed of the
         newly confirmed ones with their features ([rows, d]); reserves `draft_rows` slots
         after them for drafting. None when the request cannot draft this step."""
-        rid, tokens = request.request_id, request.token_ids
         newest = len(tokens) - 1
         self.store.confirm(rid, tokens)
         confirmed = self._confirmed.get(rid, 0)
-        if self.blocks.prefix is not None and self.blocks.has(rid):
-            root, hashes = self._chain(rid, tokens, min(confirmed, self._holes.get(rid, confirmed)))
-            self.blocks.publish(rid, hashes, tokens[1:], root)
+        self._publish(rid, tokens)
         # Without f_{n-1} the first draft would come from a zero feature, near random.
         if newest <= confirmed or not self.store.known(rid, newest - 1):
             return None

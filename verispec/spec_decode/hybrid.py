@@ -60,6 +60,9 @@ class HybridDrafter(Drafter):
     def observe(self, fed: Sequence[FedTokens], hidden: torch.Tensor) -> None:  # hidden: [T, F]
         self.learned.observe(fed, hidden)
 
+    def absorb(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
+        self.learned.absorb(requests)
+
     def restorable_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         return min(self.lookup.restorable_prefix(request_id, token_ids),
                    self.learned.restorable_prefix(request_id, token_ids))
