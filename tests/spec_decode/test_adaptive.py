@@ -187,7 +187,7 @@ def test_costly_probes_wait_longer() -> None:
 def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> None:
     ctl = AdaptiveK(max_k=4, row_cost=0.1, probe_interval=4)
     intervals = [ctl.probe_interval_at(b) for b in (1, 2, 4, 16)]
-    assert intervals[0] == math.ceil(4 * (0.1 / 1.1) / PROBE_COST) and intervals == sorted(intervals)
+    assert intervals[0] == math.ceil(4 * max(1.0, (0.1 / 1.1) / PROBE_COST)) and intervals == sorted(intervals)
     assert intervals[-1] > intervals[0] * 5
     for rid in ("a", "b"):
         _confident(ctl, rid, 0, 4)

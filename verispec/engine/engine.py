@@ -429,11 +429,13 @@ class LLMEngine:
                 invariant = {p.request.request_id for p in scheduled if p.request.batch_invariant}
                 fed = [f for f in fed if f.request_id in wanted or f.request_id not in invariant]
             self.drafter.observe(fed, hidden)
-            # A seeded request takes from the prefix cache only what the drafter's own cache holds:
-            # its prompt goes there now, not at a probe that a short request never reaches.
+            # A prompt at K = 0 goes into the drafter's own cache now, not at a first probe (which
+            # would catch up on all of it, or never come for a short request): the next request
+            # with it then finds it there (a seeded one may take from the target's prefix cache
+            # only that much), and probes feed the head only what came after.
             self.drafter.absorb([(p.request.request_id, p.request.all_token_ids()) for p in scheduled
-                                 if p.request.batch_invariant and p.samples and max(p.num_new) > 1
-                                 and p.request.num_speculative_tokens == 0 and wanted is not None])
+                                 if p.samples and max(p.num_new) > 1 and p.request.num_speculative_tokens == 0
+                                 and wanted is not None])
         emitted: list[_Emitted | None] = []
         for p in scheduled:
             rid = p.request.request_id

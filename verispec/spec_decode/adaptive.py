@@ -55,9 +55,7 @@ from .metrics import expected_emitted_tokens
 
 # The most a request's probe may cost, as a share of a step, at the base probe interval; a
 # costlier probe (a bigger batch, an expensive drafter call) waits longer (probe_interval_at).
-# At 8 steps apart, probing that never pays then costs at most 1 % of the time: a drafter
-# that does not pay on this text is no slower than none by more than that.
-PROBE_COST = 0.08
+PROBE_COST = 0.25
 # The most a request's probe interval grows while its probes keep finding K = 0 (module docstring).
 PROBE_BACKOFF = 4
 

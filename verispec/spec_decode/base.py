@@ -181,9 +181,8 @@ class Drafter(ABC):
 
     def absorb(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
         """Takes in what the target just computed for each (request id, token ids) without
-        drafting (the engine calls it for a batch-invariant request at K = 0 whose prompt was
-        just computed): a drafter with a cache of its own may fill and publish it. This
-        default: nothing."""
+        drafting (the engine calls it for a request at K = 0 whose prompt was just computed):
+        a drafter with a cache of its own may fill and publish it. This default: nothing."""
 
     def observe(
         self,
