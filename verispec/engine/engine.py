@@ -425,17 +425,19 @@ class LLMEngine:
                 fed, index = accepted_rows(fed, {rid: len(drafts.of(rid)) for rid in results},
                                            {rid: v.path for rid, v in results.items()})
                 hidden = hidden[torch.tensor(index, device=hidden.device)]
-            if wanted is not None:  # a batch-invariant request's features are its own choice alone
+            if wanted is None:
+                self.drafter.observe(fed, hidden)
+            else:
+                # A batch-invariant request's features are its own choice alone.
                 invariant = {p.request.request_id for p in scheduled if p.request.batch_invariant}
-                fed = [f for f in fed if f.request_id in wanted or f.request_id not in invariant]
-            self.drafter.observe(fed, hidden)
-            # A prompt at K = 0 goes into the drafter's own cache now, not at a first probe (which
-            # would catch up on all of it, or never come for a short request): the next request
-            # with it then finds it there (a seeded one may take from the target's prefix cache
-            # only that much), and probes feed the head only what came after.
-            self.drafter.absorb([(p.request.request_id, p.request.all_token_ids()) for p in scheduled
-                                 if p.samples and max(p.num_new) > 1 and p.request.num_speculative_tokens == 0
-                                 and wanted is not None])
+                self.drafter.observe([f for f in fed if f.request_id in wanted or f.request_id not in invariant],
+                                     hidden)
+                # A prompt at K = 0 goes into the drafter's own cache now, not at a first probe
+                # (which would catch up on all of it, or never come for a short request): the next
+                # request with it then finds it there (a seeded one may take from the target's
+                # prefix cache only that much), and probes feed the head only what came after.
+                self.drafter.absorb([(p.request.request_id, p.request.all_token_ids()) for p in scheduled
+                                     if p.samples and max(p.num_new) > 1 and p.request.num_speculative_tokens == 0])
         emitted: list[_Emitted | None] = []
         for p in scheduled:
             rid = p.request.request_id
