@@ -142,7 +142,7 @@ class SpeculativeConfig:
         tokenizer, given by `draft_model`), "eagle" / "medusa" (learned heads on the target's
         hidden states: `draft_model` names a head file, or None for the heads shipped for the
         embedded model), "ngram+eagle" / "ngram+medusa" (prompt lookup for a request whose
-        context has an n-gram match, the head otherwise; spec_decode/hybrid.py), or "none".
+        context has a match of 2 tokens or more, the head otherwise; spec_decode/hybrid.py), or "none".
     num_speculative_tokens: K, the most draft tokens per request per step.
     ngram_min / ngram_max: n-gram sizes tried, longest first.
     adaptive: choose each request's K per step from its acceptance so far, and trim the step's

@@ -61,18 +61,26 @@ def test_acceptance_raises_and_rejection_lowers_k() -> None:
     assert ctl.num_draft_tokens("b") == start  # requests are independent
 
 
-def _probe_calls(ctl: AdaptiveK, request_id: str, calls: int) -> list[int]:
+def _probe_calls(ctl: AdaptiveK, request_id: str, calls: int, declared: bool = False) -> list[int]:
     """The 1-based calls of num_draft_tokens, among `calls`, that answered with drafts."""
-    return [i for i in range(1, calls + 1) if ctl.num_draft_tokens(request_id)]
+    return [i for i in range(1, calls + 1) if ctl.num_draft_tokens(request_id, declared=declared)]
 
 
 def test_a_request_at_zero_probes_again_ever_more_rarely_while_its_probes_fail() -> None:
     ctl = AdaptiveK(max_k=4, probe_interval=3)
     for _ in range(40):
         ctl.observe("a", 4, 0)
-    # An interval, then 2 and 4 = PROBE_BACKOFF intervals apart, and no further.
+    # An interval, then 2, 4, 8 and 16 = PROBE_BACKOFF intervals apart, and no further.
     interval = ctl.probe_interval_at(1)
-    assert PROBE_BACKOFF == 4 and _probe_calls(ctl, "a", 11 * interval) == [interval * n for n in (1, 3, 7, 11)]
+    assert PROBE_BACKOFF == 16
+    assert _probe_calls(ctl, "a", 47 * interval) == [interval * n for n in (1, 3, 7, 15, 31, 47)]
+    # A new request starts as far apart as the last probes left off; a seeded one (declared) alone.
+    ctl.num_draft_tokens("c", declared=True)
+    for request_id in ("b", "c"):
+        for _ in range(40):
+            ctl.observe(request_id, 4, 0)
+    assert _probe_calls(ctl, "b", 16 * interval) == [16 * interval]
+    assert _probe_calls(ctl, "c", interval, declared=True) == [interval]
     # Drafts that pay again reset the interval.
     for _ in range(40):
         ctl.observe("a", 4, 4)
@@ -201,10 +209,10 @@ def test_probes_are_flagged_spaced_by_batch_cost_and_shared_by_the_batch() -> No
             else:
                 assert not ctl.probing(rid)
     # Each probes on the first shared step (a multiple of the interval) after idling an interval,
-    # then 2x and 4x (PROBE_BACKOFF) as far apart: "b", a step behind, waits for the next shared
-    # step, and the two probe together from then on.
+    # then 2x and 4x as far apart: "b", a step behind, waits for the next shared step, and the
+    # two probe together from then on.
     i = ctl.probe_interval_at(2)
-    assert PROBE_BACKOFF == 4 and 8 * i < 80
+    assert PROBE_BACKOFF >= 16 and 8 * i < 80 < 16 * i
     assert probes["a"] == [i, 4 * i, 8 * i] and probes["b"] == [2 * i, 4 * i, 8 * i]
 
 

@@ -170,7 +170,8 @@ class LLMEngine:
         if drafter is not None and spec.adaptive:
             cost = spec.draft_cost or drafter.draft_cost
             row_cost = model.row_cost if spec.row_cost is None else spec.row_cost
-            self.adaptive = AdaptiveK(spec.num_speculative_tokens, row_cost, draft_cost=cost) \
+            self.adaptive = AdaptiveK(spec.num_speculative_tokens, row_cost, draft_cost=cost,
+                                      class_priors=drafter.class_priors, free_classes=drafter.free_classes) \
                 if self.tree is None else \
                 TreeGate(spec.num_draft_tokens, min(len(branching(self.tree)), spec.num_draft_tokens),
                          row_cost, draft_cost=cost)
@@ -458,9 +459,11 @@ class LLMEngine:
         request.stats.observe(emitted.num_draft, emitted.num_accepted)
         if self.adaptive is not None:
             self.adaptive.observe(request.request_id, emitted.num_draft, emitted.num_accepted)
-            request.num_speculative_tokens = self._next_k(request)
         step = StepRecord(request.step, emitted.num_draft, emitted.num_accepted, emitted.bonus)
-        return self._append(request, emitted.token_ids, emitted.logprobs, step)
+        output = self._append(request, emitted.token_ids, emitted.logprobs, step)
+        if self.adaptive is not None and not request.finished:  # K for the tokens now appended
+            request.num_speculative_tokens = self._next_k(request)
+        return output
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
         logger.warning("request %s failed", request.request_id, exc_info=error)
@@ -506,10 +509,13 @@ class LLMEngine:
         cap = request.max_speculative_tokens
         if cap == 0 or self.adaptive is None:
             return cap
+        draft_class = self.drafter.draft_class(request.request_id, request.all_token_ids()) \
+            if self.drafter.class_priors and self.tree is None else 0
         if request.batch_invariant:
-            return min(cap, self.adaptive.num_draft_tokens(request.request_id, declared=True))
+            return min(cap, self.adaptive.num_draft_tokens(request.request_id, declared=True,
+                                                           draft_class=draft_class))
         return min(cap, self.adaptive.num_draft_tokens(
-            request.request_id, len(self.scheduler.running), engine_step=self._steps + 1))
+            request.request_id, len(self.scheduler.running), engine_step=self._steps + 1, draft_class=draft_class))
 
     def _propose(
         self, scheduled: list[ScheduledRequest], sampling: list[ScheduledRequest],
@@ -542,8 +548,12 @@ class LLMEngine:
         start = time.perf_counter()
         if self.tree is None:
             batch = _grammar_cut(requests, self.drafter.propose(requests))
-            if self.costs is not None:
-                self.costs.observe_call(max(k for _, k in drafting), len(requests), time.perf_counter() - start)
+            # Only calls like those the gate prices teach the cost model: not a probe's (it also
+            # catches up on what the drafter skipped at K = 0), and without a hybrid's lookup drafts.
+            if self.costs is not None and not any(self.adaptive.probing(p.request.request_id) for p, _ in drafting):
+                priced = [k for p, k in drafting if self.adaptive.priced(p.request.request_id)]
+                if priced:
+                    self.costs.observe_call(max(priced), len(priced), time.perf_counter() - start)
             drafts = {p.request.request_id: list(t) for p, t in zip(speculating, batch.token_ids) if t}
             return _Drafts(drafts, {}, batch.probs)
         trees = self.drafter.propose_tree(requests, self.tree)

@@ -30,7 +30,7 @@ from ..spec_decode.base import Drafter
 from ..spec_decode.draft_model import DraftModelDrafter, draft_model_cost
 from ..spec_decode.eagle import EAGLE_COST, EAGLE_COST_QUANTIZED, EagleDrafter
 from ..spec_decode.heads import KINDS, head_config, load_head, shipped_head
-from ..spec_decode.hybrid import HybridDrafter
+from ..spec_decode.hybrid import LOOKUP_MIN_N, HybridDrafter
 from ..spec_decode.medusa import MEDUSA_COST, MEDUSA_COST_QUANTIZED, MedusaDrafter
 from ..spec_decode.ngram import NGRAM_COST, NGRAM_COST_QUANTIZED, NgramDrafter
 from ..tools import ToolUse, render_tool_chat, split_calls, tool_grammar, tool_use
@@ -140,7 +140,7 @@ class LLM:
     draft: "ngram" (prompt lookup, the default), "eagle" or "medusa" (the learned heads shipped
         for the embedded model), a head file (.safetensors, from `verispec train-drafter`),
         "ngram+eagle", "ngram+medusa" or "ngram+<head file>" (prompt lookup for a request whose
-        context has an n-gram match, the head otherwise), "int4" / "int8" (the target itself,
+        context has a match of 2 tokens or more, the head otherwise), "int4" / "int8" (the target itself,
         quantized at load: int4 in groups of 64, or "int4-g32" / "int4-g128"), "none", or a
         draft model (path as for `model`) that shares the target's tokenizer.
     num_speculative_tokens: K, the most draft tokens verified per request per step; 0 turns
@@ -245,7 +245,8 @@ class LLM:
                                        kv_blocks_for(self.model, kv_cache_gib, block_size), block_size,
                                        enable_prefix_caching)
             if method.startswith(HYBRID):
-                drafter = HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max, num_speculative_tokens,
+                shortest = min(max(spec.ngram_min, LOOKUP_MIN_N), spec.ngram_max)
+                drafter = HybridDrafter(NgramDrafter(shortest, spec.ngram_max, num_speculative_tokens,
                                                      lookup_cost), drafter)
         config = dataclasses.replace(
             limits,

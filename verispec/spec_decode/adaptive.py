@@ -16,13 +16,23 @@ than its drafts bring gets K = 0 (and probes).
 
 alpha is estimated per request from a decaying count of accepted and rejected drafts (the first
 rejection of a step counts once; drafts after it were never judged), starting from a prior worth
-`prior_weight` drafts. A request whose K dropped to 0 probes with one draft every
+`prior_weight` drafts. A drafter that tells its drafts' class before drafting
+(Drafter.draft_class: the n-gram lookup's match length) gets one estimate per request and class,
+each starting from the class's prior: for seeded requests the drafter's declared class_priors,
+for the rest what all requests' drafts of that class have shown (a decaying count that starts
+at the declared prior), so a request drafts as soon as its context turns to a class that pays
+(a long match: copied text) and not before. Drafts of the drafter's free classes
+(Drafter.free_classes: the hybrid's lookup drafts, beside a head whose calls its draft cost
+describes) are priced by their rows alone. A request whose K dropped to 0 probes with one draft every
 `probe_interval` steps, so text that turns repetitive regains speculation; in a batch of B the
 interval grows by c(B) / c(1) (a probe row costs that much more of the step there), and all such
 requests of the batch probe on the same engine step (the first one after the request has idled
 that long: a request shorter than the interval never probes). Each probe after which K stays 0 doubles
 the request's interval, up to PROBE_BACKOFF times (a drafter that does not pay on this text
-then costs a quarter of what its probes would); a K above 0 resets it. Intervals that are
+then costs a sixteenth of what its probes would); a K above 0 resets it. A new request starts
+with the backoff of the last request whose probe was judged: a drafter that pays on no
+request of this machine's traffic (EAGLE where the head's passes cost more than its drafts
+bring) stops probing at every request's start; a seeded request starts at 1 (batch invariant). Intervals that are
 powers of two apart keep a batch's probes on shared steps.
 
 Per step, `allot` then trims the drafts of all requests together against the real shape of the
@@ -49,7 +59,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .metrics import expected_emitted_tokens
 
@@ -57,7 +67,15 @@ from .metrics import expected_emitted_tokens
 # costlier probe (a bigger batch, an expensive drafter call) waits longer (probe_interval_at).
 PROBE_COST = 0.25
 # The most a request's probe interval grows while its probes keep finding K = 0 (module docstring).
-PROBE_BACKOFF = 4
+PROBE_BACKOFF = 16
+# Acceptance assumed of a drafter before any of its drafts is judged, without declared classes.
+PRIOR = 0.3
+# Per judged draft, the decay of the count behind a class's prior that all requests share: about
+# the last 100 drafts of the class.
+CLASS_DECAY = 0.99
+# How many drafts a class's prior counts for: the declared one in the count all requests share,
+# and that count's estimate in a request's own.
+CLASS_PRIOR_WEIGHT = 3.0
 
 
 @dataclass(frozen=True)
@@ -76,11 +94,23 @@ class DraftClaim:
 
 @dataclass
 class _Estimate:
+    """A request's decaying counts of its drafts of the class it drafts now (`accepted`,
+    `judged`) and of its other classes (`others`), and its probing state."""
+
     accepted: float = 0.0
     judged: float = 0.0
+    draft_class: int = 0
+    others: dict[int, tuple[float, float]] = field(default_factory=dict)
     idle_steps: int = 0
     probing: bool = False
     backoff: int = 1  # the probe interval's multiplier, a power of two up to PROBE_BACKOFF
+
+    def switch(self, draft_class: int) -> None:
+        """Makes `draft_class` the class whose counts `accepted` and `judged` are."""
+        if draft_class != self.draft_class:
+            self.others[self.draft_class] = (self.accepted, self.judged)
+            self.accepted, self.judged = self.others.pop(draft_class, (0.0, 0.0))
+            self.draft_class = draft_class
 
 
 def free(depth: int, num_requests: int) -> float:
@@ -111,6 +141,7 @@ class _Gate(ABC):
         self.declared_row_cost, self.declared_draft_cost = row_cost, draft_cost
         self.probe_size = probe_size
         self._estimates: dict[str, _Estimate] = {}
+        self._backoff = 1  # the probe backoff of the last request whose probe was judged
 
     def recalibrate(self, row_cost: float, draft_cost: Callable[[int, int], float]) -> None:
         """Prices steps with these constants from now on (measured ones: spec_decode/step_costs.py);
@@ -154,8 +185,10 @@ class _Gate(ABC):
         the declared constants or the current ones."""
 
     def num_draft_tokens(self, request_id: str, batch_size: int = 1,
-                         engine_step: int | None = None, declared: bool = False) -> int:
-        """Drafts for the request's next step, among `batch_size` running requests.
+                         engine_step: int | None = None, declared: bool = False,
+                         draft_class: int | None = 0) -> int:
+        """Drafts for the request's next step, among `batch_size` running requests, whose drafts
+        would be of `draft_class` (Drafter.draft_class; None: the drafter has nothing to draft).
 
         engine_step: the number of that step in the engine; given, requests at 0 probe together
         on every probe_interval-th engine step, so that the probe rows of a batch share one step
@@ -164,14 +197,19 @@ class _Gate(ABC):
         invariant). declared: price with the constructor's constants, not recalibrate's (a
         seeded request's K must not depend on how fast the machine happened to be)."""
         batch_size = max(1, batch_size)
-        k = self._preferred(request_id, batch_size, declared)
-        e = self._estimates.setdefault(request_id, _Estimate())
+        e = self._estimate(request_id, declared)
+        if draft_class is not None:
+            e.switch(draft_class)
+        k = 0 if draft_class is None else self._preferred(request_id, batch_size, declared)
         if k > 0:
             e.backoff = 1
         elif e.probing:  # the last probe did not pay
             e.backoff = min(2 * e.backoff, PROBE_BACKOFF)
+        if not declared and (k > 0 or e.probing):
+            self._backoff = e.backoff
         e.probing = False
-        if k == 0 and self.probe_size > 0:
+        # A step with nothing to draft is not idle: a probe could not draft either.
+        if k == 0 and self.probe_size > 0 and draft_class is not None:
             e.idle_steps += 1
             interval = self.probe_interval_at(batch_size, declared) * e.backoff
             due = e.idle_steps >= interval and (engine_step is None or engine_step % interval == 0)
@@ -187,12 +225,23 @@ class _Gate(ABC):
         with these arguments (engine_step: that of the first), so that what a probe needs from
         the steps before it (the hidden states a learned drafter reads) can be kept from those
         steps alone."""
-        e = self._estimates.get(request_id, _Estimate())
+        e = self._estimates.get(request_id) or self._fresh(declared)
         interval = self.probe_interval_at(max(1, batch_size), declared) * e.backoff
         if engine_step is None:
             return e.idle_steps + steps >= interval
         # The j-th call from now is a shared probe step; it probes once the request has idled enough.
         return any(e.idle_steps + j + 1 >= interval for j in range((-engine_step) % interval, steps, interval))
+
+    def _estimate(self, request_id: str, declared: bool = False) -> _Estimate:
+        e = self._estimates.get(request_id)
+        if e is None:
+            e = self._estimates[request_id] = self._fresh(declared)
+        return e
+
+    def _fresh(self, declared: bool) -> _Estimate:
+        """A new request's estimate: its probes spaced as the drafter's last probes left them
+        (a batch-invariant request's as if it were alone)."""
+        return _Estimate(backoff=1 if declared else self._backoff)
 
     def probing(self, request_id: str) -> bool:
         """Whether the request's last drafts came from a probe rather than from its acceptance."""
@@ -207,13 +256,17 @@ class AdaptiveK(_Gate):
     """draft_cost(depth, num_requests): the drafter's declared cost of one call (module
     docstring; Drafter.draft_cost or a verispec.config.DraftCost)."""
 
-    def __init__(self, max_k: int, row_cost: float = 0.1, prior: float = 0.3,
+    def __init__(self, max_k: int, row_cost: float = 0.1, prior: float = PRIOR,
                  prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8,
-                 draft_cost: Callable[[int, int], float] = free) -> None:
+                 draft_cost: Callable[[int, int], float] = free, class_priors: tuple[float, ...] = (),
+                 free_classes: frozenset[int] = frozenset()) -> None:
         super().__init__(row_cost, prior, prior_weight, decay, probe_interval, draft_cost, probe_size=min(1, max_k),
-                         checks=(("max_k", max_k, isinstance(max_k, int) and max_k >= 0),))
+                         checks=(("max_k", max_k, isinstance(max_k, int) and max_k >= 0),
+                                 ("class_priors", class_priors, all(0 <= p <= 1 for p in class_priors))))
         self.max_k = max_k
-        self._tables: dict[tuple[int, bool], list[int]] = {}
+        self.class_priors, self.free_classes = tuple(class_priors), frozenset(free_classes)
+        self._class_counts: dict[int, tuple[float, float]] = {}  # per class, all requests' (accepted, judged)
+        self._tables: dict[tuple[int, bool, bool], list[int]] = {}
         # Expected tokens per step at acceptance 0.00 .. 1.00 and k = 0 .. max_k: the tables'
         # part that no cost changes, computed once (recalibrate rebuilds the tables often).
         self._emitted = [[expected_emitted_tokens(i / 100, k) for k in range(max_k + 1)] for i in range(101)]
@@ -221,14 +274,15 @@ class AdaptiveK(_Gate):
     def _forget_tables(self) -> None:
         self._tables = {key: table for key, table in self._tables.items() if key[1]}
 
-    def table(self, batch_size: int, declared: bool = False) -> list[int]:
+    def table(self, batch_size: int, declared: bool = False, free_drafts: bool = False) -> list[int]:
         """The best k for acceptance 0.00, 0.01, ..., 1.00 at this batch size (computed once per
-        set of constants)."""
-        key = (batch_size, declared)
+        set of constants), for drafts that cost their calls or only their rows (free_drafts)."""
+        key = (batch_size, declared, free_drafts)
         if key not in self._tables:
             row_cost, draft_cost = self._constants(declared)
             c, step = self._row_cost_at(batch_size, declared), 1 + batch_size * row_cost
-            costs = [1 + c * k + draft_cost(k, batch_size) / step for k in range(self.max_k + 1)]
+            costs = [1 + c * k + (0.0 if free_drafts else draft_cost(k, batch_size) / step)
+                     for k in range(self.max_k + 1)]
             self._tables[key] = [self._best_k(emitted, costs) for emitted in self._emitted]
         return self._tables[key]
 
@@ -237,12 +291,36 @@ class AdaptiveK(_Gate):
         to a step without (module docstring)."""
         return max(range(self.max_k + 1), key=lambda k: (emitted[k] / costs[k], -k))
 
-    def alpha(self, request_id: str) -> float:
+    def alpha(self, request_id: str, declared: bool = False) -> float:
+        """The request's acceptance estimate for drafts of the class it drafts now."""
         e = self._estimates.get(request_id, _Estimate())
-        return (e.accepted + self.prior * self.prior_weight) / (e.judged + self.prior_weight)
+        if not self.class_priors:
+            return (e.accepted + self.prior * self.prior_weight) / (e.judged + self.prior_weight)
+        # A class's prior says more than a generic one: a lucky draft or two must not outweigh it.
+        prior = self.class_prior(e.draft_class, declared)
+        return (e.accepted + prior * CLASS_PRIOR_WEIGHT) / (e.judged + CLASS_PRIOR_WEIGHT)
+
+    def class_prior(self, draft_class: int, declared: bool = False) -> float:
+        """Where a request's estimate for a class starts (module docstring): the declared prior
+        (the last one for classes past the declared ones), or what all requests' drafts of the
+        class have shown, the declared prior counting for CLASS_PRIOR_WEIGHT drafts."""
+        if not self.class_priors:
+            return self.prior
+        start = self.class_priors[min(draft_class, len(self.class_priors) - 1)]
+        if declared:
+            return start
+        accepted, judged = self._class_counts.get(draft_class, (0.0, 0.0))
+        return (accepted + start * CLASS_PRIOR_WEIGHT) / (judged + CLASS_PRIOR_WEIGHT)
 
     def _preferred(self, request_id: str, batch_size: int, declared: bool) -> int:
-        return self.table(batch_size, declared)[round(self.alpha(request_id) * 100)]
+        table = self.table(batch_size, declared, free_drafts=not self.priced(request_id))
+        return table[round(self.alpha(request_id, declared) * 100)]
+
+    def priced(self, request_id: str) -> bool:
+        """Whether the request's drafts cost the drafter's calls: not those of a free class (the
+        hybrid's lookup drafts beside its head, which the drafter's cost describes)."""
+        e = self._estimates.get(request_id)
+        return e is None or e.draft_class not in self.free_classes
 
     def allot(
         self,
@@ -257,16 +335,18 @@ class AdaptiveK(_Gate):
         without them (one per sampling request); padded_rows: rows a pass over R rows costs like.
         """
         rows, tokens = base_rows, base_tokens
-        depth = drafting = 0  # the fixed claims' deepest draft, and how many of them draft
-        gains: list[tuple[float, int, int, int]] = []  # (expected tokens, j, rows, claim) per optional draft
+        depth = drafting = 0  # the fixed claims' deepest priced draft, and how many of them draft
+        # (expected tokens, j, rows, claim, priced: whether it costs the drafter's call) per optional draft
+        gains: list[tuple[float, int, int, int, bool]] = []
         for i, claim in enumerate(claims):
-            alpha = self.alpha(claim.request_id)
+            alpha, priced = self.alpha(claim.request_id), self.priced(claim.request_id)
             if claim.fixed:
                 rows += claim.slots * claim.rows_per_draft
                 tokens += expected_emitted_tokens(alpha, claim.slots) - 1
-                depth, drafting = max(depth, claim.slots), drafting + (claim.slots > 0)
+                if priced:
+                    depth, drafting = max(depth, claim.slots), drafting + (claim.slots > 0)
             else:
-                gains.extend((alpha ** j, j, claim.rows_per_draft, i) for j in range(1, claim.slots + 1))
+                gains.extend((alpha ** j, j, claim.rows_per_draft, i, priced) for j in range(1, claim.slots + 1))
         # A request's j-th draft gains no more than its (j-1)-th and the sort is stable, so every
         # prefix of this order (of its drafts up to any depth cap) keeps a prefix of each
         # request's drafts: its first draft comes first, and makes it a drafting request.
@@ -275,27 +355,34 @@ class AdaptiveK(_Gate):
         def rate(rows: int, tokens: float, depth: int, drafting: int) -> float:
             return tokens / (1 + self.row_cost * padded_rows(rows) + self.draft_cost(depth, drafting))
 
-        kept: list[tuple[float, int, int, int]] = []
+        kept: list[tuple[float, int, int, int, bool]] = []
         best_rate = rate(rows, tokens, depth, drafting)
-        for cap in range(1, max((j for _, j, _, _ in gains), default=0) + 1):
+        for cap in range(1, max((g[1] for g in gains), default=0) + 1):
             capped = [g for g in gains if g[1] <= cap]
             r, t, d, n = rows, tokens, depth, drafting
-            for m, (gain, j, extra_rows, _) in enumerate(capped, start=1):
-                r, t, d, n = r + extra_rows, t + gain, max(d, j), n + (j == 1)
+            for m, (gain, j, extra_rows, _, priced) in enumerate(capped, start=1):
+                r, t = r + extra_rows, t + gain
+                if priced:
+                    d, n = max(d, j), n + (j == 1)
                 current = rate(r, t, d, n)
                 if current > best_rate:
                     kept, best_rate = capped[:m], current
         allotted = [claim.slots if claim.fixed else 0 for claim in claims]
-        for _, _, _, i in kept:
-            allotted[i] += 1
+        for g in kept:
+            allotted[g[3]] += 1
         return allotted
 
     def observe(self, request_id: str, num_draft: int, num_accepted: int) -> None:
         if num_draft == 0:
             return
-        e = self._estimates.setdefault(request_id, _Estimate())
+        e = self._estimate(request_id)
+        judged = num_accepted + (1 if num_accepted < num_draft else 0)
         e.accepted = self.decay * e.accepted + num_accepted
-        e.judged = self.decay * e.judged + num_accepted + (1 if num_accepted < num_draft else 0)
+        e.judged = self.decay * e.judged + judged
+        if self.class_priors:
+            accepted, before = self._class_counts.get(e.draft_class, (0.0, 0.0))
+            fade = CLASS_DECAY ** judged
+            self._class_counts[e.draft_class] = (fade * accepted + num_accepted, fade * before + judged)
 
 
 class TreeGate(_Gate):
@@ -313,7 +400,7 @@ class TreeGate(_Gate):
     request.
     """
 
-    def __init__(self, nodes: int, depth: int, row_cost: float = 0.1, prior: float = 0.3,
+    def __init__(self, nodes: int, depth: int, row_cost: float = 0.1, prior: float = PRIOR,
                  prior_weight: float = 1.0, decay: float = 0.9, probe_interval: int = 8,
                  draft_cost: Callable[[int, int], float] = free) -> None:
         super().__init__(row_cost, prior, prior_weight, decay, probe_interval, draft_cost, probe_size=nodes,
@@ -386,6 +473,6 @@ class TreeGate(_Gate):
         """num_draft: the tree's nodes; num_accepted: the accepted path's length."""
         if num_draft == 0:
             return
-        e = self._estimates.setdefault(request_id, _Estimate())
+        e = self._estimate(request_id)
         e.accepted = self.decay * e.accepted + num_accepted
         e.judged = self.decay * e.judged + 1

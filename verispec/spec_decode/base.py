@@ -140,6 +140,22 @@ class Drafter(ABC):
     # request's whole cached prefix, unless the request is batch invariant (its drafts, and so
     # its tokens, must not depend on what other requests made the engine capture or cache).
     drafts_over_holes: bool = False
+    # Declared acceptance by draft class (draft_class), index c for class c: where the adaptive K
+    # starts its estimate of how often the target takes a class-c draft after the one before
+    # it. Empty: one class, the adaptive K's own prior.
+    class_priors: tuple[float, ...] = ()
+    # Classes whose drafts cost next to nothing beside the calls draft_cost describes (the
+    # hybrid's lookup drafts): the adaptive K prices them by their rows alone.
+    free_classes: frozenset[int] = frozenset()
+
+    def draft_class(self, request_id: str, token_ids: Sequence[int]) -> int | None:
+        """What kind of draft the request's context would get next, told before drafting and
+        for much less than a draft (the n-gram lookup's match length): drafts of one class are
+        accepted alike, so the adaptive K estimates acceptance per class and drafts the moment
+        a good class turns up. A function of the context alone (seeded requests stay batch
+        invariant). None: nothing to draft. Asked only of a drafter with class_priors; this
+        default: 0."""
+        return 0
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         """What one ``propose`` call costs when `num_requests` requests draft and the deepest

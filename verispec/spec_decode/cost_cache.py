@@ -19,7 +19,10 @@ from ..files import atomic_path, cache_dir, intact
 from .step_costs import LearnedCosts
 
 _log = logging.getLogger(__name__)
-FORMAT = 1
+# 2: fits that no longer count probes' drafting calls (a probe catches up on the positions
+# skipped at K = 0) nor a hybrid's lookup drafts; a fit of format 1 priced EAGLE's calls up to 4x
+# too high.
+FORMAT = 2
 FILE_NAME = "step-costs.json"
 
 
