@@ -273,3 +273,44 @@ def test_bad_tree_gate_settings_are_named(kwargs) -> None:
     name = "decay" if "decay" in kwargs else "nodes" if kwargs["nodes"] == 0 else "depth"
     with pytest.raises(ValueError, match=f"{name}=.* is invalid for TreeGate"):
         TreeGate(**kwargs)
+
+
+CLASSES = (0.0, 0.1, 0.4, 0.9)  # as a lookup declares them: by match length, 0 = no match
+
+
+def test_a_request_drafts_as_soon_as_its_context_turns_to_a_class_that_pays() -> None:
+    ctl = AdaptiveK(max_k=4, row_cost=0.3, class_priors=CLASSES)
+    assert ctl.num_draft_tokens("a", draft_class=1) == 0  # a 1-token match: mostly chance
+    assert ctl.num_draft_tokens("a", draft_class=3) >= 3  # a long match: copied text, at once
+    for _ in range(5):
+        ctl.observe("a", 4, 0)  # this request's long matches fail
+    assert ctl.num_draft_tokens("a", draft_class=3) == 0
+    # Each class keeps its own counts: the failures were class 3's, not class 2's.
+    assert ctl.num_draft_tokens("a", draft_class=2) == ctl.num_draft_tokens("fresh", draft_class=2) > 0
+    assert ctl.num_draft_tokens("a", draft_class=3) == 0
+    # Nothing to draft (no match) is not idling: no probe comes of it.
+    assert all(ctl.num_draft_tokens("b", draft_class=None) == 0 for _ in range(10 * ctl.probe_interval))
+
+
+def test_class_priors_learn_from_every_request_and_seeded_requests_keep_the_declared_ones() -> None:
+    ctl = AdaptiveK(max_k=4, row_cost=0.3, class_priors=CLASSES)
+    assert ctl.class_prior(3) == ctl.class_prior(3, declared=True) == 0.9
+    for i in range(20):
+        ctl.num_draft_tokens(f"r{i}", draft_class=3)
+        ctl.observe(f"r{i}", 4, 0)
+    assert ctl.class_prior(3) < 0.2 and ctl.class_prior(3, declared=True) == 0.9
+    assert ctl.num_draft_tokens("new", draft_class=3) == 0
+    assert ctl.num_draft_tokens("seeded", declared=True, draft_class=3) >= 3
+    assert ctl.class_prior(7, declared=True) == 0.9  # past the declared classes: the last one's
+
+
+def test_a_free_class_is_priced_by_its_rows_alone() -> None:
+    """The hybrid's lookup drafts ride beside a head whose calls cost the drafter's draft_cost."""
+    costly = DraftCost(per_call=2.0)
+    ctl = AdaptiveK(max_k=4, row_cost=0.1, draft_cost=costly, class_priors=(0.6, 0.6), free_classes=frozenset({1}))
+    assert ctl.num_draft_tokens("head", draft_class=0) == 0
+    assert ctl.num_draft_tokens("lookup", draft_class=1) == AdaptiveK(max_k=4, row_cost=0.1).table(1)[60] > 0
+    assert ctl.priced("head") and not ctl.priced("lookup")
+    claims = [DraftClaim("head", 4, fixed=False), DraftClaim("lookup", 4, fixed=False)]
+    allotted = ctl.allot(claims, base_rows=2, base_tokens=2, padded_rows=lambda rows: rows)
+    assert allotted[0] == 0 and allotted[1] > 0

@@ -21,7 +21,8 @@ from verispec.spec_decode import draft_sampling
 from verispec.spec_decode.base import DraftBatch, Drafter, DraftRequest
 from verispec.spec_decode.draft_sampling import grow_tree_batch
 from verispec.spec_decode.heads import HeadConfig, new_head, save_head
-from verispec.spec_decode.hybrid import HybridDrafter
+from verispec.spec_decode.adaptive import PRIOR
+from verispec.spec_decode.hybrid import LOOKUP_MIN_N, HybridDrafter
 from verispec.spec_decode.medusa import MedusaDrafter
 from verispec.spec_decode.ngram import NgramDrafter
 from verispec.spec_decode.trees import TreeBatch
@@ -256,3 +257,21 @@ def test_llm_takes_hybrid_drafts_and_names_a_bad_one(tmp_path) -> None:
         LLM(model=model, draft="ngram+t1", progress=False)
     with pytest.raises(ValueError, match="train-drafter --kind eagle"):
         LLM(model=model, draft="ngram+eagle", progress=False)
+
+
+def test_the_hybrid_tells_lookup_drafts_from_head_drafts_before_drafting() -> None:
+    """Class 0: the head drafts (no lookup match, or one shorter than the lookup's min_n); class
+    n: the lookup's match of length n, priced by its rows alone (free_classes)."""
+    hybrid = HybridDrafter(NgramDrafter(min_n=LOOKUP_MIN_N, max_n=3), _Fixed())
+    assert hybrid.class_priors[0] == PRIOR and hybrid.class_priors[2:] == NgramDrafter.class_priors[2:]
+    assert hybrid.free_classes == {1, 2, 3} and 0 not in hybrid.free_classes
+    assert hybrid.draft_class("r", [0, 1, 2, 1]) == 0  # a 1-token match: the head's
+    assert hybrid.draft_class("r", [0, 1, 2, 0, 1]) == 2
+    assert hybrid.propose([_request("r", [0, 1, 2, 0, 1], 2)]).token_ids == [[2, 0]]
+
+
+def test_llm_builds_the_hybrids_lookup_with_two_token_matches_at_least() -> None:
+    llm = LLM(draft="ngram+medusa", progress=False)
+    assert llm.engine.drafter.lookup.min_n == LOOKUP_MIN_N == 2
+    assert llm.engine.adaptive.class_priors == llm.engine.drafter.class_priors
+    assert llm.engine.adaptive.free_classes == llm.engine.drafter.free_classes

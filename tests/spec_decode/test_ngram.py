@@ -148,3 +148,17 @@ def test_propose_ngram_on_long_context():
     tokens = rng.integers(0, 50_000, size=5000)
     tokens[-3:] = tokens[1000:1003]
     assert propose_ngram(tokens, 1, 3, 4) == tokens[1003:1007].tolist()
+
+
+def test_draft_class_is_the_length_of_the_match_the_draft_comes_from():
+    d = NgramDrafter(min_n=1, max_n=3, num_speculative_tokens=4)
+    assert d.draft_class("r", [1, 2, 3]) is None  # no earlier occurrence of 3: nothing to draft
+    assert d.draft_class("r", [1, 2, 3, 9, 3]) == 1
+    assert d.draft_class("r", [1, 2, 3, 9, 3, 1, 2]) == 2
+    tokens = [1, 2, 3, 9, 3, 1, 2, 3]
+    assert d.draft_class("r", tokens) == 3
+    # The draft that follows is the continuation of that match, looked up once.
+    assert propose(d, tokens, k=2) == slow_reference(tokens, 1, 3, 2) == [9, 3]
+    d.release("r")
+    assert d._matches == {} and d.draft_class("r", [5, 5]) == 1
+    assert NgramDrafter(min_n=2).draft_class("q", [1, 2, 3, 9, 3]) is None  # min_n leaves the 1-token match out

@@ -357,16 +357,20 @@ class AdaptiveK(_Gate):
 
         kept: list[tuple[float, int, int, int, bool]] = []
         best_rate = rate(rows, tokens, depth, drafting)
-        for cap in range(1, max((g[1] for g in gains), default=0) + 1):
-            capped = [g for g in gains if g[1] <= cap]
-            r, t, d, n = rows, tokens, depth, drafting
-            for m, (gain, j, extra_rows, _, priced) in enumerate(capped, start=1):
-                r, t = r + extra_rows, t + gain
-                if priced:
-                    d, n = max(d, j), n + (j == 1)
-                current = rate(r, t, d, n)
-                if current > best_rate:
-                    kept, best_rate = capped[:m], current
+        # Free drafts alone too: a priced draft early in the order would charge every prefix
+        # after it the drafter's call.
+        free_only = [g for g in gains if not g[4]]
+        for pool in (gains, free_only) if 0 < len(free_only) < len(gains) else (gains,):
+            for cap in range(1, max((g[1] for g in pool), default=0) + 1):
+                capped = [g for g in pool if g[1] <= cap]
+                r, t, d, n = rows, tokens, depth, drafting
+                for m, (gain, j, extra_rows, _, priced) in enumerate(capped, start=1):
+                    r, t = r + extra_rows, t + gain
+                    if priced:
+                        d, n = max(d, j), n + (j == 1)
+                    current = rate(r, t, d, n)
+                    if current > best_rate:
+                        kept, best_rate = capped[:m], current
         allotted = [claim.slots if claim.fixed else 0 for claim in claims]
         for g in kept:
             allotted[g[3]] += 1
