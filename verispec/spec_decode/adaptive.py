@@ -12,7 +12,8 @@ batch 16; 0.6 for 4-bit blocks, whose one-row step only reads the weights), and
 d(k) = D(k, B) / (1 + B·r). Each draft is accepted with probability alpha; tokens per unit of
 time are E(alpha, k) / (1 + c·k + d(k)), with E the expected emitted tokens per step
 (metrics.expected_emitted_tokens); K is its argmax over 0..max_k. A drafter that costs more
-than its drafts bring gets K = 0 (and probes).
+than its drafts bring gets K = 0 (and probes); so does one whose best K promises less than
+DRAFT_MARGIN more tokens per unit of cost than none.
 
 alpha is estimated per request from a decaying count of accepted and rejected drafts (the first
 rejection of a step counts once; drafts after it were never judged), starting from a prior worth
@@ -68,6 +69,11 @@ from .metrics import expected_emitted_tokens
 PROBE_COST = 0.25
 # The most a request's probe interval grows while its probes keep finding K = 0 (module docstring).
 PROBE_BACKOFF = 16
+# How much more tokens per unit of cost drafts must promise than the step without them: what
+# the cost model misses (a step's time varies by a few percent with the machine's load, and
+# bench/draft_cost.py's fits of one run differ as much), so drafts that only break even on
+# paper, which lose as often as they win, are left out.
+DRAFT_MARGIN = 0.03
 # Acceptance assumed of a drafter before any of its drafts is judged, without declared classes.
 PRIOR = 0.3
 # Per judged draft, the decay of the count behind a class's prior that all requests share: about
@@ -288,8 +294,9 @@ class AdaptiveK(_Gate):
 
     def _best_k(self, emitted: list[float], costs: list[float]) -> int:
         """emitted[k]: the expected tokens of a step with k drafts; costs[k]: its cost, relative
-        to a step without (module docstring)."""
-        return max(range(self.max_k + 1), key=lambda k: (emitted[k] / costs[k], -k))
+        to a step without (module docstring). 0 unless drafting beats it by DRAFT_MARGIN."""
+        best = max(range(self.max_k + 1), key=lambda k: (emitted[k] / costs[k], -k))
+        return best if emitted[best] / costs[best] >= (1 + DRAFT_MARGIN) * emitted[0] / costs[0] else 0
 
     def alpha(self, request_id: str, declared: bool = False) -> float:
         """The request's acceptance estimate for drafts of the class it drafts now."""
@@ -356,7 +363,7 @@ class AdaptiveK(_Gate):
             return tokens / (1 + self.row_cost * padded_rows(rows) + self.draft_cost(depth, drafting))
 
         kept: list[tuple[float, int, int, int, bool]] = []
-        best_rate = rate(rows, tokens, depth, drafting)
+        best_rate = rate(rows, tokens, depth, drafting) * (1 + DRAFT_MARGIN)
         # Free drafts alone too: a priced draft early in the order would charge every prefix
         # after it the drafter's call.
         free_only = [g for g in gains if not g[4]]
