@@ -83,6 +83,13 @@ def test_a_request_at_zero_probes_again_ever_more_rarely_while_its_probes_fail()
             ctl.observe(request_id, 4, 0)
     assert _probe_calls(ctl, "b", 16 * interval) == [16 * interval]
     assert _probe_calls(ctl, "c", interval, declared=True) == [interval]
+    # A probe that pays ("b"'s last call was one) halves where new requests start.
+    for _ in range(40):
+        ctl.observe("b", 4, 4)
+    assert ctl.num_draft_tokens("b") > 0
+    for _ in range(40):
+        ctl.observe("d", 4, 0)
+    assert _probe_calls(ctl, "d", 8 * interval) == [8 * interval]
     # Drafts that pay again reset the interval.
     for _ in range(40):
         ctl.observe("a", 4, 4)

@@ -31,9 +31,11 @@ requests of the batch probe on the same engine step (the first one after the req
 that long: a request shorter than the interval never probes). Each probe after which K stays 0 doubles
 the request's interval, up to PROBE_BACKOFF times (a drafter that does not pay on this text
 then costs a sixteenth of what its probes would); a K above 0 resets it. A new request starts
-with the backoff of the last request whose probe was judged: a drafter that pays on no
-request of this machine's traffic (EAGLE where the head's passes cost more than its drafts
-bring) stops probing at every request's start; a seeded request starts at 1 (batch invariant). Intervals that are
+with the drafter's backoff, which doubles with every probe that fails and halves with every
+probe that pays, whichever request made it (up to PROBE_BACKOFF too): a drafter that pays on
+no request of this machine's traffic (EAGLE where the head's passes cost more than its drafts
+bring) soon stops probing at every request's start; a seeded request starts at 1 (batch
+invariant). Intervals that are
 powers of two apart keep a batch's probes on shared steps.
 
 Per step, `allot` then trims the drafts of all requests together against the real shape of the
@@ -147,7 +149,7 @@ class _Gate(ABC):
         self.declared_row_cost, self.declared_draft_cost = row_cost, draft_cost
         self.probe_size = probe_size
         self._estimates: dict[str, _Estimate] = {}
-        self._backoff = 1  # the probe backoff of the last request whose probe was judged
+        self._backoff = 1  # where a new request's backoff starts (module docstring)
 
     def recalibrate(self, row_cost: float, draft_cost: Callable[[int, int], float]) -> None:
         """Prices steps with these constants from now on (measured ones: spec_decode/step_costs.py);
@@ -208,11 +210,13 @@ class _Gate(ABC):
             e.switch(draft_class)
         k = 0 if draft_class is None else self._preferred(request_id, batch_size, declared)
         if k > 0:
+            if e.probing and not declared:  # the last probe paid
+                self._backoff = max(1, self._backoff // 2)
             e.backoff = 1
         elif e.probing:  # the last probe did not pay
             e.backoff = min(2 * e.backoff, PROBE_BACKOFF)
-        if not declared and (k > 0 or e.probing):
-            self._backoff = e.backoff
+            if not declared:
+                self._backoff = min(2 * self._backoff, PROBE_BACKOFF)
         e.probing = False
         # A step with nothing to draft is not idle: a probe could not draft either.
         if k == 0 and self.probe_size > 0 and draft_class is not None:
