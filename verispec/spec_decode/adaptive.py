@@ -64,6 +64,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .metrics import expected_emitted_tokens
 
 # The most a request's probe may cost, as a share of a step, at the base probe interval; a
@@ -145,7 +147,9 @@ class _Gate(ABC):
             if not ok:
                 raise ValueError(f"{name}={value!r} is invalid for {type(self).__name__}")
         self.row_cost, self.prior, self.prior_weight = row_cost, prior, prior_weight
-        self.decay, self.probe_interval, self.draft_cost = decay, probe_interval, draft_cost
+        self.decay, self.draft_cost = decay, draft_cost
+        self._intervals: dict[tuple[int, bool], int] = {}  # probe_interval_at, per (batch size, declared)
+        self.probe_interval = probe_interval
         self.declared_row_cost, self.declared_draft_cost = row_cost, draft_cost
         self.probe_size = probe_size
         self._estimates: dict[str, _Estimate] = {}
@@ -157,7 +161,17 @@ class _Gate(ABC):
         if not row_cost > 0:
             raise ValueError(f"row_cost={row_cost!r} is invalid for {type(self).__name__}: expected > 0")
         self.row_cost, self.draft_cost = row_cost, draft_cost
+        self._intervals = {key: n for key, n in self._intervals.items() if key[1]}
         self._forget_tables()
+
+    @property
+    def probe_interval(self) -> int:
+        return self._probe_interval
+
+    @probe_interval.setter
+    def probe_interval(self, steps: int) -> None:
+        self._probe_interval = steps
+        self._intervals = {}
 
     def _forget_tables(self) -> None:
         """Drops what was computed from the constants (subclasses' caches)."""
@@ -175,8 +189,12 @@ class _Gate(ABC):
         of a step, proportionally longer for a costlier one (a bigger batch, where a probe row
         costs more of the step; a drafter whose call is a good part of a step), so that probing
         costs every batch size and drafter about the same share of the time."""
-        reference = min(self._probe_cost(1, declared), PROBE_COST)
-        return math.ceil(self.probe_interval * max(1.0, self._probe_cost(batch_size, declared) / reference) - 1e-9)
+        key = (batch_size, declared)
+        if key not in self._intervals:
+            reference = min(self._probe_cost(1, declared), PROBE_COST)
+            self._intervals[key] = math.ceil(
+                self.probe_interval * max(1.0, self._probe_cost(batch_size, declared) / reference) - 1e-9)
+        return self._intervals[key]
 
     def _probe_cost(self, batch_size: int, declared: bool) -> float:
         """What probing every one of `batch_size` requests adds to a step, relative to the step."""
@@ -279,7 +297,8 @@ class AdaptiveK(_Gate):
         self._tables: dict[tuple[int, bool, bool], list[int]] = {}
         # Expected tokens per step at acceptance 0.00 .. 1.00 and k = 0 .. max_k: the tables'
         # part that no cost changes, computed once (recalibrate rebuilds the tables often).
-        self._emitted = [[expected_emitted_tokens(i / 100, k) for k in range(max_k + 1)] for i in range(101)]
+        self._emitted = np.array([[expected_emitted_tokens(i / 100, k) for k in range(max_k + 1)]
+                                  for i in range(101)])  # [101, max_k + 1]
 
     def _forget_tables(self) -> None:
         self._tables = {key: table for key, table in self._tables.items() if key[1]}
@@ -293,14 +312,13 @@ class AdaptiveK(_Gate):
             c, step = self._row_cost_at(batch_size, declared), 1 + batch_size * row_cost
             costs = [1 + c * k + (0.0 if free_drafts else draft_cost(k, batch_size) / step)
                      for k in range(self.max_k + 1)]
-            self._tables[key] = [self._best_k(emitted, costs) for emitted in self._emitted]
+            # Per acceptance, the k of most tokens per unit of cost (the smallest of equals), or
+            # 0 where it beats no drafts by less than DRAFT_MARGIN.
+            rates = self._emitted / np.asarray(costs)
+            best = rates.argmax(axis=1)
+            pays = rates[np.arange(len(best)), best] >= (1 + DRAFT_MARGIN) * rates[:, 0]
+            self._tables[key] = np.where(pays, best, 0).tolist()
         return self._tables[key]
-
-    def _best_k(self, emitted: list[float], costs: list[float]) -> int:
-        """emitted[k]: the expected tokens of a step with k drafts; costs[k]: its cost, relative
-        to a step without (module docstring). 0 unless drafting beats it by DRAFT_MARGIN."""
-        best = max(range(self.max_k + 1), key=lambda k: (emitted[k] / costs[k], -k))
-        return best if emitted[best] / costs[best] >= (1 + DRAFT_MARGIN) * emitted[0] / costs[0] else 0
 
     def alpha(self, request_id: str, declared: bool = False) -> float:
         """The request's acceptance estimate for drafts of the class it drafts now."""
