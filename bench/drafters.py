@@ -150,7 +150,8 @@ def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, 
     """The prompt classes (bench/prompts/classes.jsonl: copy-heavy, code edit, open, summary) on
     each drafter's default engine (the default 4-bit target, adaptive K): batch 1 greedy and
     sampled (T 0.8, top-k 50, top-p 0.9, unseeded and seeded), then every prompt at once
-    (`batch` requests), greedy and sampled; with k_scan, batch 1 greedy at each fixed K."""
+    (`batch` requests, `repeats` rounds), greedy and sampled; with k_scan, batch 1 greedy at each
+    fixed K."""
     prompts = load(10**6, CLASSES) * repeats
     llms = {name: LLM(draft=name, progress=False) for name in drafters}
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
@@ -173,7 +174,9 @@ def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, 
                          "per_category_speedup": {c: r["per_category_tok_s"][c] / none["per_category_tok_s"][c]
                                                   for c in classes},
                          **{key: v for key, v in r.items() if key != "outputs"}})
-    wide = (prompts * -(-batch // len(prompts)))[:batch]
+    # `repeats` rounds of the same batch, engines taking turns: one round alone is a single
+    # timing, and batch-16 ratios of two identical engines have been seen 8 % apart.
+    wide = (prompts * -(-batch // len(prompts)))[:batch] * repeats
     for mode, params in (("greedy", greedy), ("sampled", sampled)):
         results = run_batches(llms, wide, params, batch)
         for name, r in results.items():
