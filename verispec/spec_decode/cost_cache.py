@@ -52,9 +52,11 @@ class CostCache:
         entry = self._read().get(self.key)
         if entry is None:
             return None
+        if isinstance(entry, dict) and entry.get("format") != FORMAT:
+            _log.warning("verispec: ignoring a stale entry of the cost cache %s (format %r, expected %d): "
+                         "starting from the declared costs", self.path, entry.get("format"), FORMAT)
+            return None
         try:
-            if entry["format"] != FORMAT:
-                raise ValueError(f"format {entry['format']!r}, expected {FORMAT}")
             costs = LearnedCosts(float(entry["row_cost"]), float(entry["first_scale"]), float(entry["rest_scale"]))
             if not (0 < costs.row_cost < 100 and all(0 <= s < 1000 and math.isfinite(s)
                                                      for s in (costs.first_scale, costs.rest_scale))):
