@@ -52,8 +52,9 @@ def _raise():
 
 
 def run(target, where: str | None):
-    drafter = DraftModelDrafter(target, num_blocks=256, block_size=4)  # drafts well: K stays up
-    engine = tiny_engine(target, drafter, k=4, budget=24, num_blocks=60)
+    # At a fixed K every request drafts every step, so the drafter meets the victim for sure.
+    drafter = DraftModelDrafter(target, num_blocks=256, block_size=4)
+    engine = tiny_engine(target, drafter, k=4, budget=24, num_blocks=60, adaptive=False)
     ids = [engine.add_request(p, params(i)) for i, p in enumerate(PROMPTS)]
     if where is not None:
         inject(engine, where, ids[VICTIM])

@@ -10,8 +10,10 @@ from verispec import SamplingParams
 from .conftest import MODEL
 
 MESSAGES = [{"role": "user", "content": "the winter and the winter and the sea"}]
+# One draft a step: on the tiny random model every kind of token then turns up in 40 (an accepted
+# draft is also a bonus step; at K = 3 three drafts in a row are rarely all taken).
 COMMON = dict(model=MODEL, messages=MESSAGES, max_tokens=40, seed=11, temperature=0.3,
-              extra_body={"ignore_eos": True})
+              extra_body={"ignore_eos": True, "num_speculative_tokens": 1})
 
 
 def _engine_steps(llm) -> list[tuple[int, int, int, list[int], list[str]]]:
@@ -20,7 +22,7 @@ def _engine_steps(llm) -> list[tuple[int, int, int, list[int], list[str]]]:
     engine = llm.engine
     prompt = llm.tokenizer.apply_chat_template(MESSAGES)
     params = SamplingParams(temperature=0.3, seed=11, max_tokens=40, ignore_eos=True)
-    engine.enqueue(engine.prepare_request(prompt, params, "trace-ref", add_special_tokens=False))
+    engine.enqueue(engine.prepare_request(prompt, params, "trace-ref", 1, add_special_tokens=False))
     steps = []
     while engine.has_unfinished():
         for out in engine.step():

@@ -50,7 +50,7 @@ function requestBody() {
   messages.push(...history);
   const body = {model: config.model, messages, stream: true,
                 stream_options: {include_usage: true, include_speculation: true}};
-  for (const id of ["temperature", "top_p", "max_tokens", "seed", "guidance_scale"]) {
+  for (const id of ["temperature", "top_p", "max_tokens", "seed", "guidance_scale", "num_speculative_tokens"]) {
     const value = fieldValue(id);
     if (value !== undefined) body[id] = value;
   }
