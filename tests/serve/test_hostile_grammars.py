@@ -32,10 +32,11 @@ STALL_BOUND_S = 0.05  # the most a hostile request may delay another client's st
 
 @pytest.fixture(scope="module")
 def served(checkpoint):
-    """(url, client) of a server of its own, whose engine computes on one torch thread, as `verispec serve --threads 1` would on a 2-core machine,
-    leaving a core to the work that prepares requests (and to this test's client): with torch's
-    parallel regions on every core, any work beside them makes a step wait for the thread the
-    OS set aside, and the stall test would measure that rather than the server's blocking."""
+    """(url, client) of a server of its own, whose engine computes on one torch thread, as
+    `verispec serve --threads 1` would on a 2-core machine, leaving a core to the work that
+    prepares requests (and to this test's client): with torch's parallel regions on every core,
+    any work beside them makes a step wait for the thread the OS set aside, and the stall test
+    would measure that rather than the server's blocking."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
