@@ -28,11 +28,11 @@ def checkpoint(tmp_path_factory) -> str:
     return write_bos_chat_checkpoint(tmp_path_factory.mktemp("serve-tiny"))
 
 
-def make_llm(checkpoint: str) -> LLM:
-    # K fixed at 3: a random model's n-gram drafts rarely pay, and the adaptive K would stop
-    # drafting; the server's tests need every step to verify drafts (accepted, recovered, bonus).
+def make_llm(checkpoint: str, adaptive: bool = True) -> LLM:
+    """The tiny checkpoint as `verispec serve` runs it (adaptive: False drafts K = 3 whatever
+    the drafts are worth)."""
     return LLM(checkpoint, num_speculative_tokens=3, kv_cache_gib=0.002, max_num_batched_tokens=256,
-               adaptive=False, progress=False)
+               adaptive=adaptive, progress=False)
 
 
 @contextlib.contextmanager
@@ -59,8 +59,10 @@ def serving(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), web_
 
 @pytest.fixture(scope="session")
 def server(checkpoint):
-    """(base url, the LLM the server runs); the server is shut down at the end of the session."""
-    llm = make_llm(checkpoint)
+    """(base url, the LLM the server runs); the server is shut down at the end of the session.
+    Its K is fixed: a random model's n-gram drafts rarely pay, so the adaptive K would stop
+    drafting, and the tests of speculation marks need steps that verify drafts."""
+    llm = make_llm(checkpoint, adaptive=False)
     with serving(llm, MODEL) as url:
         yield url, llm
 
@@ -72,5 +74,5 @@ def client(server) -> openai.OpenAI:
 
 @pytest.fixture(scope="session")
 def reference(checkpoint) -> LLM:
-    """A second LLM of the same checkpoint, run directly (offline API)."""
-    return make_llm(checkpoint)
+    """A second LLM of the same checkpoint, run directly (offline API), as the server's."""
+    return make_llm(checkpoint, adaptive=False)
