@@ -24,19 +24,20 @@ for the rest what all requests' drafts of that class have shown (a decaying coun
 at the declared prior), so a request drafts as soon as its context turns to a class that pays
 (a long match: copied text) and not before. Drafts of the drafter's free classes
 (Drafter.free_classes: the hybrid's lookup drafts, beside a head whose calls its draft cost
-describes) are priced by their rows alone. A request whose K dropped to 0 probes with one draft every
-`probe_interval` steps, so text that turns repetitive regains speculation; in a batch of B the
-interval grows by c(B) / c(1) (a probe row costs that much more of the step there), and all such
-requests of the batch probe on the same engine step (the first one after the request has idled
-that long: a request shorter than the interval never probes). Each probe after which K stays 0 doubles
-the request's interval, up to PROBE_BACKOFF times (a drafter that does not pay on this text
-then costs a sixteenth of what its probes would); a K above 0 resets it. A new request starts
-with the drafter's backoff, which doubles with every probe that fails and halves with every
-probe that pays, whichever request made it (up to PROBE_BACKOFF too): a drafter that pays on
-no request of this machine's traffic (EAGLE where the head's passes cost more than its drafts
-bring) soon stops probing at every request's start; a seeded request starts at 1 (batch
-invariant). Intervals that are
-powers of two apart keep a batch's probes on shared steps.
+describes) are priced by their rows alone.
+
+A request whose K dropped to 0 probes with one draft every `probe_interval` steps, so text that
+turns repetitive regains speculation; in a batch of B the interval grows by c(B) / c(1) (a probe
+row costs that much more of the step there), and all such requests of the batch probe on the
+same engine step (the first one after the request has idled that long: a request shorter than
+the interval never probes). Each probe after which K stays 0 doubles the request's interval, up
+to PROBE_BACKOFF times (a drafter that does not pay on this text then costs a sixteenth of what
+its probes would); a K above 0 resets it. A new request starts with the drafter's backoff, which
+doubles with every probe that fails and halves with every probe that pays, whichever request
+made it (up to PROBE_BACKOFF too): a drafter that pays on no request of this machine's traffic
+(EAGLE where the head's passes cost more than its drafts bring) soon stops probing at every
+request's start; a seeded request starts at 1 (batch invariant). Intervals that are powers of
+two apart keep a batch's probes on shared steps.
 
 Per step, `allot` then trims the drafts of all requests together against the real shape of the
 step's cost, a + b·rows(R) + a·D(depth, n) where rows(R) is what a pass over R rows costs like
