@@ -17,54 +17,65 @@ namespace {
 float widen(float value) { return value; }
 float widen(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
 
-// The operations every path performs, per key and per value element, in this order:
-//   score = q . k over `dim` values in eight running sums (sum j takes elements d = j mod 8),
-//           then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
-//   acc[d] += weight * v[d], key after key.
-// A float16 cache's values (uint16_t bits) are widened exactly first, so every path gives the
-// float32 cache's result on the widened values.
-template <typename T>
-float dot_in_order(const float* q, const T* k, int64_t dim) {
+// Keys and values are widened to float32 (exactly: a float16 cache gives the float32 cache's
+// result on the widened values) a chunk of positions at a time, once for the query heads that
+// share them (grouped-query attention), into a buffer each head then reads contiguously.
+constexpr int64_t kChunk = 64;
+
+// The operations every path performs, in this order:
+//   score = q . k over `dim` values in eight running sums (sum j takes elements d = j mod 8,
+//           each a fused multiply-add), then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+//   acc[d] = fma(weight, v[d], acc[d]), key after key.
+float dot_in_order(const float* q, const float* k, int64_t dim) {
   float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   int64_t d = 0;
   for (; d + 8 <= dim; d += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += q[d + j] * widen(k[d + j]);
+    for (int j = 0; j < 8; ++j) part[j] = std::fma(q[d + j], k[d + j], part[j]);
   }
-  for (int j = 0; d < dim; ++d, ++j) part[j] += q[d] * widen(k[d]);
+  for (int j = 0; d < dim; ++d, ++j) part[j] = std::fma(q[d], k[d], part[j]);
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-// The portable path: one key, then one value, at a time.
-template <typename T>
-void scores_in_order(const float* q, const T* keys, const int64_t* offsets, int64_t n,
-                     int64_t dim, float* scores) {
-  for (int64_t i = 0; i < n; ++i) scores[i] = dot_in_order(q, keys + offsets[i], dim);
+// The portable path: dim-long rows `keys` [n, dim] against q, and value rows into acc.
+void scores_in_order(const float* q, const float* keys, int64_t n, int64_t dim, float* scores) {
+  for (int64_t i = 0; i < n; ++i) scores[i] = dot_in_order(q, keys + i * dim, dim);
 }
 
-template <typename T>
-void values_in_order(float* acc, const T* values, const int64_t* offsets, const float* weights,
-                     int64_t n, int64_t dim) {
+void values_in_order(float* acc, const float* values, const float* weights, int64_t n,
+                     int64_t dim) {
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t d = 0; d < dim; ++d) acc[d] += weights[i] * widen(values[offsets[i] + d]);
+    for (int64_t d = 0; d < dim; ++d) acc[d] = std::fma(weights[i], values[i * dim + d], acc[d]);
   }
 }
 
-// The same operations eight keys at a time with AVX2 (F16C widening a float16 cache): a key's
-// eight running sums are one register, eight keys' registers are independent chains (one key
-// alone waits on each addition's latency), and the final tree is two rounds of hadd, which
-// pair the sums exactly as above. Values: 64 elements of acc stay in registers over all keys.
-__attribute__((target("avx2,f16c"))) inline __m256 load8(const float* p) {
+template <typename T>
+void widen_in_order(const T* src, const int64_t* offsets, int64_t n, int64_t dim, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t d = 0; d < dim; ++d) dst[i * dim + d] = widen(src[offsets[i] + d]);
+  }
+}
+
+// The same operations with AVX2, FMA and F16C: a key's eight running sums are one register,
+// eight keys' registers are independent chains (one key alone waits on each addition's
+// latency), and the final tree is two rounds of hadd, which pair the sums exactly as above.
+// Values: 64 elements of acc stay in registers over a chunk's keys.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
 }
-__attribute__((target("avx2,f16c"))) inline __m256 load8(const uint16_t* p) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 template <typename T>
-__attribute__((target("avx2,f16c"))) void scores_avx2(const float* q, const T* keys,
-                                                      const int64_t* offsets, int64_t n,
-                                                      int64_t dim, float* scores) {
-  if (dim % 8 != 0) return scores_in_order(q, keys, offsets, n, dim, scores);
+__attribute__((target("avx2,fma,f16c"))) void widen_avx2(const T* src, const int64_t* offsets,
+                                                          int64_t n, int64_t dim, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(dst + i * dim + d, load8(src + offsets[i] + d));
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2(const float* q, const float* keys,
+                                                          int64_t n, int64_t dim, float* scores) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 acc[8];
@@ -72,7 +83,7 @@ __attribute__((target("avx2,f16c"))) void scores_avx2(const float* q, const T* k
     for (int64_t d = 0; d < dim; d += 8) {
       const __m256 qq = _mm256_loadu_ps(q + d);
       for (int j = 0; j < 8; ++j) {
-        acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qq, load8(keys + offsets[i + j] + d)));
+        acc[j] = _mm256_fmadd_ps(qq, _mm256_loadu_ps(keys + (i + j) * dim + d), acc[j]);
       }
     }
     const __m256 h0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
@@ -83,52 +94,53 @@ __attribute__((target("avx2,f16c"))) void scores_avx2(const float* q, const T* k
   for (; i < n; ++i) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t d = 0; d < dim; d += 8) {
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + d), load8(keys + offsets[i] + d)));
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + i * dim + d), acc);
     }
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc, acc), _mm256_hadd_ps(acc, acc));
     scores[i] = _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
   }
 }
 
-template <typename T>
-__attribute__((target("avx2,f16c"))) void values_avx2(float* acc, const T* values,
-                                                      const int64_t* offsets, const float* weights,
-                                                      int64_t n, int64_t dim) {
+__attribute__((target("avx2,fma,f16c"))) void values_avx2(float* acc, const float* values,
+                                                          const float* weights, int64_t n,
+                                                          int64_t dim) {
   int64_t d0 = 0;
   for (; d0 + 64 <= dim; d0 += 64) {
     __m256 sum[8];
     for (int c = 0; c < 8; ++c) sum[c] = _mm256_loadu_ps(acc + d0 + 8 * c);
     for (int64_t i = 0; i < n; ++i) {
       const __m256 w = _mm256_set1_ps(weights[i]);
-      const T* v = values + offsets[i] + d0;
-      for (int c = 0; c < 8; ++c) sum[c] = _mm256_add_ps(sum[c], _mm256_mul_ps(w, load8(v + 8 * c)));
+      const float* v = values + i * dim + d0;
+      for (int c = 0; c < 8; ++c) sum[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), sum[c]);
     }
     for (int c = 0; c < 8; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, sum[c]);
   }
-  for (; d0 + 8 <= dim; d0 += 8) {
+  for (; d0 < dim; d0 += 8) {
     __m256 sum = _mm256_loadu_ps(acc + d0);
     for (int64_t i = 0; i < n; ++i) {
-      sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_set1_ps(weights[i]), load8(values + offsets[i] + d0)));
+      sum = _mm256_fmadd_ps(_mm256_set1_ps(weights[i]), _mm256_loadu_ps(values + i * dim + d0), sum);
     }
     _mm256_storeu_ps(acc + d0, sum);
   }
-  for (int64_t i = 0; i < n && d0 < dim; ++i) {
-    for (int64_t d = d0; d < dim; ++d) acc[d] += weights[i] * widen(values[offsets[i] + d]);
-  }
 }
 
-template <typename T>
-void scores_of(const float* q, const T* keys, const int64_t* offsets, int64_t n, int64_t dim,
-               float* scores) {
-  use_avx2_f16c() ? scores_avx2(q, keys, offsets, n, dim, scores)
-             : scores_in_order(q, keys, offsets, n, dim, scores);
-}
+// The vector paths need whole registers of a head's values.
+bool vector_path(int64_t dim) { return use_avx2_f16c() && dim % 8 == 0; }
 
 template <typename T>
-void values_of(float* acc, const T* values, const int64_t* offsets, const float* weights,
-               int64_t n, int64_t dim) {
-  use_avx2_f16c() ? values_avx2(acc, values, offsets, weights, n, dim)
-             : values_in_order(acc, values, offsets, weights, n, dim);
+void widen_rows(const T* src, const int64_t* offsets, int64_t n, int64_t dim, float* dst) {
+  vector_path(dim) ? widen_avx2(src, offsets, n, dim, dst)
+                   : widen_in_order(src, offsets, n, dim, dst);
+}
+
+void scores_of(const float* q, const float* keys, int64_t n, int64_t dim, float* scores) {
+  vector_path(dim) ? scores_avx2(q, keys, n, dim, scores)
+                   : scores_in_order(q, keys, n, dim, scores);
+}
+
+void values_of(float* acc, const float* values, const float* weights, int64_t n, int64_t dim) {
+  vector_path(dim) ? values_avx2(acc, values, weights, n, dim)
+                   : values_in_order(acc, values, weights, n, dim);
 }
 
 }  // namespace
@@ -164,41 +176,57 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
 
   auto attend = [&](const auto* keys) {
     const auto* values = keys + values_offset;
-    at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    // One task per row and key/value head: the group's query heads share its widened keys.
+    at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<int64_t> offsets;  // of each attended position's key / value, in elements
-      std::vector<float> scores;
-      std::vector<float> acc(dim);
+      std::vector<float> scores;     // [group, n]
+      std::vector<float> acc(group * dim), totals(group), chunk(kChunk * dim);
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = i / heads, h = i % heads, kvh = h / group;
+        const int64_t r = i / kv_heads, kvh = i % kv_heads;
         const int64_t* table = plan.block_tables + plan.row_seq[r] * plan.table_width;
-        const int64_t first = plan.row_first[r];
-        auto attend_position = [&](int64_t p) {
-          const int64_t slot = table[p / block_size] * block_size + p % block_size;
-          offsets.push_back((slot * kv_heads + kvh) * dim);
-        };
+        const int64_t first = plan.row_first[r], visible = plan.row_visible[r];
+        auto slot_of = [&](int64_t p) { return table[p / block_size] * block_size + p % block_size; };
         offsets.clear();
-        for (int64_t p = first; p < plan.row_visible[r]; ++p) attend_position(p);
+        for (int64_t p = first; p < visible;) {  // block by block: one division per block
+          const int64_t block_end = std::min(visible, (p / block_size + 1) * block_size);
+          const int64_t slot = slot_of(p);
+          for (int64_t s = slot; p < block_end; ++p, ++s) offsets.push_back((s * kv_heads + kvh) * dim);
+        }
         for (int64_t j = 0; j < plan.max_new; ++j) {
           const int64_t p = plan.row_tree_start[r] + j;
-          if (plan.tree_mask[r * plan.max_new + j] && p >= first) attend_position(p);
+          if (plan.tree_mask[r * plan.max_new + j] && p >= first) {
+            offsets.push_back((slot_of(p) * kv_heads + kvh) * dim);
+          }
         }
         const int64_t n = static_cast<int64_t>(offsets.size());
-        scores.resize(n);
-        scores_of(q + r * q_stride + h * dim, keys, offsets.data(), n, dim, scores.data());
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t k = 0; k < n; ++k) {
-          scores[k] *= scale;
-          if (cap > 0.0f) scores[k] = std::tanh(scores[k] / cap) * cap;
-          best = std::fmax(best, scores[k]);
+        scores.resize(group * n);
+        const float* q_group = q + r * q_stride + kvh * group * dim;
+        for (int64_t c = 0; c < n; c += kChunk) {
+          const int64_t m = std::min(kChunk, n - c);
+          widen_rows(keys, offsets.data() + c, m, dim, chunk.data());
+          for (int64_t h = 0; h < group; ++h) {
+            scores_of(q_group + h * dim, chunk.data(), m, dim, scores.data() + h * n + c);
+          }
         }
-        exp_shifted(scores.data(), n, best);  // the weights
-        float total = 0.0f;
-        for (int64_t k = 0; k < n; ++k) total += scores[k];
+        for (int64_t h = 0; h < group; ++h) {
+          float* weights = scores.data() + h * n;
+          scale_scores(weights, n, scale, cap);
+          exp_shifted(weights, n, max_of(weights, n));  // the weights
+          totals[h] = sum_in_lanes(weights, n);
+        }
         std::fill(acc.begin(), acc.end(), 0.0f);
-        values_of(acc.data(), values, offsets.data(), scores.data(), n, dim);
-        float* dst = out + r * heads * dim + h * dim;
-        const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = acc[d] * inverse;
+        for (int64_t c = 0; c < n; c += kChunk) {
+          const int64_t m = std::min(kChunk, n - c);
+          widen_rows(values, offsets.data() + c, m, dim, chunk.data());
+          for (int64_t h = 0; h < group; ++h) {
+            values_of(acc.data() + h * dim, chunk.data(), scores.data() + h * n + c, m, dim);
+          }
+        }
+        for (int64_t h = 0; h < group; ++h) {
+          float* dst = out + r * heads * dim + (kvh * group + h) * dim;
+          const float inverse = totals[h] > 0.0f ? 1.0f / totals[h] : 0.0f;
+          for (int64_t d = 0; d < dim; ++d) dst[d] = acc[h * dim + d] * inverse;
+        }
       }
     });
   };

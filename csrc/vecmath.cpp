@@ -1,6 +1,7 @@
 #include "vecmath.h"
 
 #include <cmath>
+#include <limits>
 
 namespace verispec {
 
@@ -22,6 +23,36 @@ VS_CLONES void gelu_mul(const float* __restrict gate, const float* __restrict up
 
 VS_CLONES void exp_shifted(float* __restrict x, int64_t n, float shift) {
   for (int64_t i = 0; i < n; ++i) x[i] = exp_approx(x[i] - shift);
+}
+
+VS_CLONES void scale_scores(float* __restrict x, int64_t n, float scale, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+  if (cap > 0.0f) {
+    for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / cap) * cap;
+  }
+}
+
+VS_CLONES float max_of(const float* x, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  float lanes[8] = {lowest, lowest, lowest, lowest, lowest, lowest, lowest, lowest};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] = lanes[j] < x[i + j] ? x[i + j] : lanes[j];
+  }
+  for (int j = 0; i < n; ++i, ++j) lanes[j] = std::fmax(lanes[j], x[i]);
+  float best = lowest;
+  for (int j = 0; j < 8; ++j) best = std::fmax(best, lanes[j]);
+  return best;
+}
+
+VS_CLONES float sum_in_lanes(const float* x, int64_t n) {
+  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += x[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) part[j] += x[i];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 VS_CLONES void rms_norm_row(const float* src, float* dst, const float* w, int64_t width,

@@ -51,6 +51,16 @@ void gelu_mul(const float* gate, const float* up, float* dst, int64_t n);
 // x[i] = exp(x[i] - shift).
 void exp_shifted(float* x, int64_t n, float shift);
 
+// x[i] = x[i] * scale, then cap * tanh(x[i] / cap) where cap > 0 (attention scores).
+void scale_scores(float* x, int64_t n, float scale, float cap);
+
+// The largest of x[0 .. n) (-inf for none; NaN is ignored, as fmax does).
+float max_of(const float* x, int64_t n);
+
+// x[0] + ... + x[n - 1] in eight running sums (sum j takes x[i], i = j mod 8, in order), then
+// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+float sum_in_lanes(const float* x, int64_t n);
+
 // dst = src / sqrt(mean(src^2) + eps) * w over `width` values (dst may be src): the squares
 // summed in eight running sums (sum j takes elements i = j mod 8) and a fixed tree.
 void rms_norm_row(const float* src, float* dst, const float* w, int64_t width, float eps);
