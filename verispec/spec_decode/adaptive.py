@@ -84,9 +84,15 @@ PRIOR = 0.3
 # Per judged draft, the decay of the count behind a class's prior that all requests share: about
 # the last 100 drafts of the class.
 CLASS_DECAY = 0.99
-# How many drafts a class's prior counts for: the declared one in the count all requests share,
-# and that count's estimate in a request's own.
+# How many drafts the declared prior of a class counts for in the count all requests share.
 CLASS_PRIOR_WEIGHT = 3.0
+# How many drafts that shared count's estimate counts for in a request's own. A request's drafts
+# of a class mostly differ by luck from everybody's (the EAGLE head's first drafts on open text:
+# ~0.5 on every request), and a request whose estimate a few lucky drafts lifted past the
+# break-even drafted where it lost: at 3, three accepted drafts in a row took a class judged
+# 0.47 by all to 0.74, past the head's break-even (~0.6), and the hybrid drafted a sixth of the
+# open text's steps at 0.46-0.57. At 8 a request needs about ten drafts at 0.8 to get there.
+REQUEST_PRIOR_WEIGHT = 8.0
 
 
 @dataclass(frozen=True)
@@ -328,7 +334,7 @@ class AdaptiveK(_Gate):
             return (e.accepted + self.prior * self.prior_weight) / (e.judged + self.prior_weight)
         # A class's prior says more than a generic one: a lucky draft or two must not outweigh it.
         prior = self.class_prior(e.draft_class, declared)
-        return (e.accepted + prior * CLASS_PRIOR_WEIGHT) / (e.judged + CLASS_PRIOR_WEIGHT)
+        return (e.accepted + prior * REQUEST_PRIOR_WEIGHT) / (e.judged + REQUEST_PRIOR_WEIGHT)
 
     def class_prior(self, draft_class: int, declared: bool = False) -> float:
         """Where a request's estimate for a class starts (module docstring): the declared prior
