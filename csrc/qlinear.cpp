@@ -4,6 +4,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -26,10 +30,24 @@ bool has_avx512vnni() {
   return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
+// AMX's tile data is off for a process until it asks the kernel for it (Linux 5.16 and later);
+// where that is refused (an older kernel, a hypervisor hiding it), the CPU's flags alone would
+// make the first tile instruction fault.
+bool has_amx() {
+  static const bool yes = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!has_avx512vnni() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return tile && int8 && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return yes;
+}
 bool always() { return true; }
 
 // Best first.
 const Isa kIsas[] = {
+    {"amx", qgemm_amx, has_amx},
     {"avx512vnni", qgemm_avx512vnni, has_avx512vnni},
     {"avxvnni", qgemm_avxvnni, has_avxvnni},
     {"avx2", qgemm_avx2, has_avx2},
@@ -56,7 +74,7 @@ Kernel kernel_for(const std::string& name) {
       return isa.kernel;
     }
   }
-  TORCH_CHECK(false, "isa='", name, "' is unknown: expected avx512vnni, avxvnni, avx2 or generic");
+  TORCH_CHECK(false, "isa='", name, "' is unknown: expected amx, avx512vnni, avxvnni, avx2 or generic");
 }
 
 std::vector<std::string> supported_isas() {

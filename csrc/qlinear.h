@@ -15,7 +15,7 @@ using Kernel = void (*)(const QGemmArgs&, int64_t, int64_t);
 
 constexpr int64_t kBlock = 32;
 
-// The kernel of instruction set `isa` (avx512vnni, avxvnni, avx2, generic); an error naming it
+// The kernel of instruction set `isa` (amx, avx512vnni, avxvnni, avx2, generic); an error naming it
 // when it is unknown or this CPU lacks it.
 Kernel kernel_for(const std::string& isa);
 

@@ -57,9 +57,11 @@ def test_kernel_equals_float64_reference(kernel, bits, minimum, scales) -> None:
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_a_rows_result_does_not_depend_on_the_other_rows(kernel) -> None:
     weight = _random_weight(70, 576, 4, True, torch.float16, seed=3)
-    x = torch.randn(16, 576, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(0))
     full = kernels.qlinear(x, weight, kernel)
-    for rows in (1, 2, 5, 7, 9, 11):  # 16: two tiles of 8 rows on AVX-512; 9, 11: 4 + 5, 5 + 6
+    # 16: two tiles of 8 rows on AVX-512 VNNI, one on AMX; 9, 11: 4 + 5, 5 + 6 on AVX2; 40: three
+    # AMX tiles; below 8 rows the amx kernel runs the VNNI path.
+    for rows in (1, 2, 5, 7, 9, 11, 16, 17, 33):
         assert torch.equal(kernels.qlinear(x[:rows], weight, kernel), full[:rows])
     assert torch.equal(kernels.qlinear(x[5:6], weight, kernel), full[5:6])
 
@@ -73,10 +75,11 @@ def test_the_compiled_kernels_agree_bit_for_bit(bits, minimum, scales) -> None:
     if len(compiled) < 2:
         pytest.skip("fewer than two compiled kernels run here")
     weight = _random_weight(40, 160, bits, minimum, scales, seed=11)  # 40: a half-padded panel
-    x = torch.randn(6, 160, generator=torch.Generator().manual_seed(2)) * 3
-    first = kernels.qlinear(x, weight, compiled[0])
-    for kernel in compiled[1:]:
-        assert torch.equal(kernels.qlinear(x, weight, kernel), first), kernel
+    for rows in (6, 20):  # 20: AMX's tiles, where the CPU has them
+        x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(2)) * 3
+        first = kernels.qlinear(x, weight, compiled[0])
+        for kernel in compiled[1:]:
+            assert torch.equal(kernels.qlinear(x, weight, kernel), first), kernel
 
 
 def test_compiled_activation_blocks_equal_the_python_definition() -> None:
@@ -95,7 +98,9 @@ def test_the_kernels_run_what_the_cpu_has() -> None:
         assert "generic" in KERNELS
         flags = open("/proc/cpuinfo").read() if open("/proc/cpuinfo") else ""
         if " avx512_vnni" in flags and " avx512vl" in flags:
-            assert KERNELS[0] == "avx512vnni"
+            # amx first where the OS also grants the tile data (not visible in the flags alone).
+            assert KERNELS[0] in ("amx", "avx512vnni") and "avx512vnni" in KERNELS
+            assert KERNELS[0] != "amx" or " amx_int8" in flags
         elif " avx2" in flags:
             assert "avx2" in KERNELS
 

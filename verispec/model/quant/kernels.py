@@ -1,8 +1,9 @@
 """Which kernel multiplies a QuantizedWeight, and the pure-torch fallback.
 
 The compiled kernels (verispec.cpu_kernels, csrc/, built by `make setup`) come in one variant per
-instruction set, chosen at run time from the CPU's flags: avx512vnni, avxvnni, avx2, generic
-(scalar C++, any CPU). Where the extension did not build or load, `torch` runs the same
+instruction set, chosen at run time from the CPU's flags: amx (AVX-512 VNNI plus AMX-INT8 tiles
+for products of two or more rows, where the OS grants the tiles), avx512vnni, avxvnni, avx2,
+generic (scalar C++, any CPU). Where the extension did not build or load, `torch` runs the same
 arithmetic with torch operations. VERISPEC_CPU_KERNEL=<name> forces one (tests, benchmarks).
 
 The arithmetic (csrc/qgemm.h): activations are quantized per row and block of 32 to int8,
