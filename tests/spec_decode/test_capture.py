@@ -12,6 +12,7 @@ import torch
 from verispec import SamplingParams
 from verispec.config import CacheConfig, DraftCost, EngineConfig, SpeculativeConfig
 from verispec.engine.engine import FEATURE_LEAD, LLMEngine
+from verispec.spec_decode.adaptive import PROBE_BACKOFF
 from verispec.spec_decode.eagle import EagleDrafter
 
 from .. import learned
@@ -136,3 +137,25 @@ def test_a_seeded_prompt_reaches_the_heads_cache_without_drafting() -> None:
     again = run_all(engine)["again"]
     assert engine.scheduler.prefix_stats.hits - before == 16 and again.token_ids == first[0]
     assert passes.count("plain") >= 4  # it drafted nothing: its K stayed 0
+
+
+def test_a_drafter_whose_probes_stopped_paying_takes_no_prompt_but_a_seeded_request_does() -> None:
+    """Stepped aside (AdaptiveK.stepped_aside: its backoff at the most, a new request's first probe
+    far away), the drafter is fed no prompt: the prefill runs the target's plain pass and the head
+    does nothing; output stays plain decoding's. A seeded request, whose K is its own, still takes
+    its prompt into the head."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine, passes = _engine(DraftCost(per_call=0.3))
+    engine.adaptive._backoff = PROBE_BACKOFF  # as after four probes in a row that did not pay
+    assert engine.adaptive.stepped_aside
+    fed = []
+    engine.drafter.head.forward = lambda *args: fed.append(args) or pytest.fail("the head ran")
+    tokens, drafted = _generate(engine, params)
+    plain = LLMEngine(learned.target(), word_tokenizer(learned.VOCAB), _config(SpeculativeConfig()))
+    assert tokens == _generate(plain, params)[0] and drafted == 0
+    assert passes == ["plain"] * len(passes) and not fed
+
+    engine, passes = _engine(DraftCost(per_call=0.3))
+    engine.adaptive._backoff = PROBE_BACKOFF
+    _generate(engine, SamplingParams(temperature=0.8, seed=2, max_tokens=4, ignore_eos=True))
+    assert passes[0] == "captured" and passes[1:] == ["plain"] * (len(passes) - 1)

@@ -485,14 +485,20 @@ class LLMEngine:
     def _feature_requests(self, scheduled: list[ScheduledRequest]) -> set[str] | None:
         """The requests whose hidden states this pass captures for the drafter (None: every
         one's). A drafter that drafts over holes gets them only where it may read them soon:
-        prompts (a request's context), a request that drafts this step (and likely the next),
-        one whose probe is at most FEATURE_LEAD steps away; a step of requests at K = 0 (a
-        drafter that does not pay on this text) then runs the target's plain pass. A
-        batch-invariant request decides from its own K and probe schedule alone, and keeps only
-        the features it chose (`_execute`), so that its drafts never depend on the batch."""
+        prompts (a request's context) unless the drafter has stepped aside, a request that
+        drafts this step (and likely the next), one whose probe is at most FEATURE_LEAD steps
+        away; a step of requests at K = 0 (a drafter that does not pay on this text) then runs
+        the target's plain pass. A drafter whose probes stopped paying (AdaptiveK.stepped_aside)
+        gets no prompt either: a new request's first probe is then 128 steps away or more, and
+        feeding the head its prompt (EagleDrafter.absorb) cost EAGLE ~1 % of a short answer's
+        time and a seventh of every prefill's for nothing; a probe that does come feeds the
+        prompt as a hole (exact, its first drafts a little worse). A batch-invariant request
+        decides from its own K and probe schedule alone, and keeps only the features it chose
+        (`_execute`), so that its drafts never depend on the batch."""
         if self.adaptive is None or not self.drafter.drafts_over_holes:
             return None
         batch = len(self.scheduler.running)
+        aside = self.adaptive.stepped_aside
         wanted = set()
         for p in scheduled:
             request = p.request
@@ -501,7 +507,8 @@ class LLMEngine:
             soon = self.adaptive.probes_within(request.request_id, FEATURE_LEAD, declared=True) \
                 if request.batch_invariant else \
                 self.adaptive.probes_within(request.request_id, FEATURE_LEAD, batch, self._steps + 1)
-            if soon or not p.samples or max(p.num_new) > 1 or request.num_speculative_tokens > 0:
+            prompt = not p.samples or max(p.num_new) > 1
+            if soon or request.num_speculative_tokens > 0 or (prompt and (request.batch_invariant or not aside)):
                 wanted.add(request.request_id)
         return wanted
 

@@ -278,6 +278,12 @@ class _Gate(ABC):
         (a batch-invariant request's as if it were alone)."""
         return _Estimate(backoff=1 if declared else self._backoff)
 
+    @property
+    def stepped_aside(self) -> bool:
+        """Whether the drafter's probes have stopped paying (its backoff is at PROBE_BACKOFF): a
+        new request then waits the longest before it probes."""
+        return self._backoff >= PROBE_BACKOFF
+
     def probing(self, request_id: str) -> bool:
         """Whether the request's last drafts came from a probe rather than from its acceptance."""
         e = self._estimates.get(request_id)
