@@ -162,3 +162,21 @@ def test_draft_class_is_the_length_of_the_match_the_draft_comes_from():
     d.release("r")
     assert d._matches == {} and d.draft_class("r", [5, 5]) == 1
     assert NgramDrafter(min_n=2).draft_class("q", [1, 2, 3, 9, 3]) is None  # min_n leaves the 1-token match out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_incremental_index_finds_the_scans_match_as_contexts_grow_and_roll_back(seed):
+    """draft_class and the draft read a per-request index of n-grams kept as tokens arrive; it
+    finds best_match's (n, end) step after step, also after a context is cut back (rejected
+    drafts) and grows again differently."""
+    from verispec.spec_decode.ngram import best_match
+
+    rng = random.Random(seed)
+    d = NgramDrafter(min_n=1 + seed % 2, max_n=2 + seed)
+    tokens = [rng.randrange(5) for _ in range(rng.randint(0, 6))]
+    for _ in range(200):
+        if rng.random() < 0.1 and len(tokens) > 3:
+            tokens = tokens[: rng.randint(1, len(tokens) - 1)]  # a rollback
+        tokens = tokens + [rng.randrange(5) for _ in range(rng.randint(1, 3))]
+        expected = best_match(np.array(tokens, dtype=np.int64), d.min_n, d.max_n)
+        assert d.match("r", tokens) == expected

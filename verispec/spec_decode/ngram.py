@@ -64,6 +64,37 @@ class _TokenBuffer:
         self.length = len(token_ids)
 
 
+class _SuffixIndex:
+    """The latest end of each n-gram (n <= max_n) of one request's tokens, kept as tokens arrive,
+    so the best match (best_match's) costs O(max_n) dictionary lookups per new token instead of
+    scans of the whole context: ~20 us a request and step at a few hundred tokens, which at
+    batch 16 was 1-2 % of the 4-bit target's step."""
+
+    def __init__(self, max_n: int) -> None:
+        self.max_n = max_n
+        self.ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n)]  # [n - 1]: n-gram -> end
+        self.indexed = 0  # the n-grams ending before this position are in `ends`
+
+    def best(self, tokens: np.ndarray, min_n: int) -> tuple[int, int]:  # tokens: [L] int64, extending the last call's
+        """(n, end) of the longest n >= min_n whose last n tokens occurred before, ending at
+        `end` < L - 1 (the latest such end), or (0, -1)."""
+        length = len(tokens)
+        if length < 2:
+            return 0, -1
+        base = max(0, self.indexed - self.max_n + 1)
+        window = tokens[base:].tolist()
+        for end in range(self.indexed, length - 1):
+            for n in range(1, min(self.max_n, end + 1) + 1):
+                self.ends[n - 1][tuple(window[end - n + 1 - base : end + 1 - base])] = end
+        self.indexed = max(self.indexed, length - 1)
+        last = length - 1
+        for n in range(min(self.max_n, length - 1), min_n - 1, -1):
+            end = self.ends[n - 1].get(tuple(window[last - n + 1 - base : last + 1 - base]))
+            if end is not None:
+                return n, end
+        return 0, -1
+
+
 def _check_positive(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
@@ -211,6 +242,7 @@ class NgramDrafter(Drafter):
             "num_speculative_tokens", num_speculative_tokens
         )
         self._buffers: dict[str, _TokenBuffer] = {}
+        self._indexes: dict[str, _SuffixIndex] = {}
         # Per request, (context length, n, end) of its best match: draft_class and the draft
         # that follows it share one lookup.
         self._matches: dict[str, tuple[int, int, int]] = {}
@@ -242,7 +274,11 @@ class NgramDrafter(Drafter):
         known = self._matches.get(request_id)
         if known is not None and known[0] == len(token_ids) and self._buffers[request_id].extends_to(token_ids):
             return known[1], known[2]
-        n, end = best_match(self._tokens(request_id, token_ids), self.min_n, self.max_n)
+        tokens = self._tokens(request_id, token_ids)
+        index = self._indexes.get(request_id)
+        if index is None:
+            index = self._indexes[request_id] = _SuffixIndex(self.max_n)
+        n, end = index.best(tokens, self.min_n)
         self._matches[request_id] = (len(token_ids), n, end)
         return n, end
 
@@ -257,10 +293,12 @@ class NgramDrafter(Drafter):
         buf = self._buffers.get(request_id)
         if buf is None or not buf.extends_to(token_ids):
             buf = self._buffers[request_id] = _TokenBuffer(token_ids)
+            self._indexes.pop(request_id, None)  # it indexed the tokens this replaces
         else:
             buf.sync(token_ids)
         return buf.data[: buf.length]
 
     def release(self, request_id: str) -> None:
         self._buffers.pop(request_id, None)
+        self._indexes.pop(request_id, None)
         self._matches.pop(request_id, None)
