@@ -30,7 +30,7 @@ constexpr int64_t kChunk = 4 * kPanel;  // bytes of a panel chunk (qgemm.h)
 constexpr int kInFlight = 2;
 // Measured on the embedded model's products (2 threads, Intel Xeon with AMX): the tiles take
 // 0.93x the avx512vnni kernel's time at 8 rows, 0.87x at 12, 0.72x at 16, 0.71x at 32, and
-// 1.1-1.7x at 2-6 rows.
+// 1.1-1.6x at 2-6 rows.
 constexpr int64_t kMinRows = 8;
 // As qgemm_kernel.inc: the weights fetched this far ahead of the block being multiplied.
 constexpr int64_t kPrefetch = 2048;
