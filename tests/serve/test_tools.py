@@ -111,7 +111,7 @@ def test_parallel_calls(client) -> None:
     """Seeded answers with one call or more, streamed and not: the streamed calls (indexed 0,
     1, ...) are the whole answer's."""
     counts = []
-    for seed in range(5, 9):
+    for seed in range(5, 17):
         kwargs = dict(messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)
         choice = client.chat.completions.create(model=MODEL, **kwargs).choices[0]
         calls = _valid(choice.message.tool_calls)

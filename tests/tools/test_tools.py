@@ -117,6 +117,15 @@ def test_text_without_complete_calls() -> None:
     assert content == "Checking." and [c.name for c in calls] == ["add"]  # the cut last call is left out
     stream = StreamedCalls()
     assert stream.feed("a <tool_") == ("a ", []) and stream.finish() == "<tool_"
+    # Streamed, a cut last call whose head never completed is left out too, not sent as content.
+    answer = WHOLE.split("\n<tool_call>\n{\"name\": \"get")[0] + '\n<tool_call>\n{"name": "get_wea'
+    stream = StreamedCalls()
+    text, _ = stream.feed(answer)
+    assert text + stream.finish() == "Checking." and stream.calls == 1
+    # A first call cut in its head: the whole answer is content, streamed as whole.
+    stream = StreamedCalls()
+    text, entries = stream.feed(cut[:20])
+    assert text + stream.finish() == cut[:20] and entries == []
 
 
 def test_default_preamble_and_tool_traffic() -> None:

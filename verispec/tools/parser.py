@@ -119,8 +119,10 @@ class StreamedCalls:
         return content, entries
 
     def finish(self) -> str:
-        """Content held back at the end (text that began like a call but never was one)."""
-        rest, self._pending = (self._pending if self._state in ("content", "head") else ""), ""
+        """Content held back at the end: text that began like a call but never was one. A call
+        whose head was cut short after complete calls is left out, as split_calls leaves it."""
+        content = self._state == "content" or (self._state == "head" and self.calls == 0)
+        rest, self._pending = (self._pending if content else ""), ""
         return rest
 
 
