@@ -20,11 +20,11 @@ float widen(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half
 // Keys and values are widened to float32 (exactly: a float16 cache gives the float32 cache's
 // result on the widened values) a chunk of positions at a time, once for the query heads that
 // share them (grouped-query attention), into a buffer each head then reads contiguously.
-constexpr int64_t kChunk = 64;
+constexpr int64_t kPositions = 64;
 
 // The operations every path performs, in this order:
 //   score = q . k over `dim` values in eight running sums (sum j takes elements d = j mod 8,
-//           each a fused multiply-add), then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+//           each a fused multiply-add), then sum_tree's ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 //   acc[d] = fma(weight, v[d], acc[d]), key after key.
 float dot_in_order(const float* q, const float* k, int64_t dim) {
   float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -33,7 +33,7 @@ float dot_in_order(const float* q, const float* k, int64_t dim) {
     for (int j = 0; j < 8; ++j) part[j] = std::fma(q[d + j], k[d + j], part[j]);
   }
   for (int j = 0; d < dim; ++d, ++j) part[j] = std::fma(q[d], k[d], part[j]);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  return sum_tree(part);
 }
 
 // The portable path: dim-long rows `keys` [n, dim] against q, and value rows into acc.
@@ -180,7 +180,7 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
     at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<int64_t> offsets;  // of each attended position's key / value, in elements
       std::vector<float> scores;     // [group, n]
-      std::vector<float> acc(group * dim), totals(group), chunk(kChunk * dim);
+      std::vector<float> acc(group * dim), totals(group), chunk(kPositions * dim);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t r = i / kv_heads, kvh = i % kv_heads;
         const int64_t* table = plan.block_tables + plan.row_seq[r] * plan.table_width;
@@ -201,8 +201,8 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
         const int64_t n = static_cast<int64_t>(offsets.size());
         scores.resize(group * n);
         const float* q_group = q + r * q_stride + kvh * group * dim;
-        for (int64_t c = 0; c < n; c += kChunk) {
-          const int64_t m = std::min(kChunk, n - c);
+        for (int64_t c = 0; c < n; c += kPositions) {
+          const int64_t m = std::min(kPositions, n - c);
           widen_rows(keys, offsets.data() + c, m, dim, chunk.data());
           for (int64_t h = 0; h < group; ++h) {
             scores_of(q_group + h * dim, chunk.data(), m, dim, scores.data() + h * n + c);
@@ -215,8 +215,8 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
           totals[h] = sum_in_lanes(weights, n);
         }
         std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t c = 0; c < n; c += kChunk) {
-          const int64_t m = std::min(kChunk, n - c);
+        for (int64_t c = 0; c < n; c += kPositions) {
+          const int64_t m = std::min(kPositions, n - c);
           widen_rows(values, offsets.data() + c, m, dim, chunk.data());
           for (int64_t h = 0; h < group; ++h) {
             values_of(acc.data() + h * dim, chunk.data(), scores.data() + h * n + c, m, dim);

@@ -24,7 +24,6 @@ namespace {
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kTileRows = 16;
-constexpr int64_t kChunk = 4 * kPanel;  // bytes of a panel chunk (qgemm.h)
 // Panels whose tiles are in flight together: tiles are not renamed, so one panel's block
 // waits on the last one's store; two overlap their tile instructions and float work.
 constexpr int kInFlight = 2;
@@ -32,8 +31,6 @@ constexpr int kInFlight = 2;
 // 0.93x the avx512vnni kernel's time at 8 rows, 0.87x at 12, 0.72x at 16, 0.71x at 32, and
 // 1.1-1.6x at 2-6 rows.
 constexpr int64_t kMinRows = 8;
-// As qgemm_kernel.inc: the weights fetched this far ahead of the block being multiplied.
-constexpr int64_t kPrefetch = 2048;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};

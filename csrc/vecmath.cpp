@@ -52,7 +52,7 @@ VS_CLONES float sum_in_lanes(const float* x, int64_t n) {
     for (int j = 0; j < 8; ++j) part[j] += x[i + j];
   }
   for (int j = 0; i < n; ++i, ++j) part[j] += x[i];
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  return sum_tree(part);
 }
 
 VS_CLONES void rms_norm_row(const float* src, float* dst, const float* w, int64_t width,
@@ -63,8 +63,7 @@ VS_CLONES void rms_norm_row(const float* src, float* dst, const float* w, int64_
     for (int j = 0; j < 8; ++j) part[j] += src[i + j] * src[i + j];
   }
   for (int j = 0; i < width; ++i, ++j) part[j] += src[i] * src[i];
-  const float sum =
-      ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float sum = sum_tree(part);
   const float inverse = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
   for (int64_t k = 0; k < width; ++k) dst[k] = src[k] * inverse * w[k];
 }

@@ -22,6 +22,12 @@
 
 namespace verispec {
 
+// The fixed tree eight running sums end in, wherever a sum is taken in eight lanes (dot
+// products, norms, softmax totals): ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+inline float sum_tree(const float (&part)[8]) {
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 inline float exp_approx(float x) {
   const float clamped = std::min(std::max(x, -87.0f), 88.0f);
   // n = round(x / ln 2) by the 1.5 * 2^23 trick: the addition rounds to an integer (ties even).
@@ -58,7 +64,7 @@ void scale_scores(float* x, int64_t n, float scale, float cap);
 float max_of(const float* x, int64_t n);
 
 // x[0] + ... + x[n - 1] in eight running sums (sum j takes x[i], i = j mod 8, in order), then
-// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+// sum_tree.
 float sum_in_lanes(const float* x, int64_t n);
 
 // dst = src / sqrt(mean(src^2) + eps) * w over `width` values (dst may be src): the squares
