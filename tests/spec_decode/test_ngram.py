@@ -157,10 +157,10 @@ def test_draft_class_is_the_length_of_the_match_the_draft_comes_from():
     assert d.draft_class("r", [1, 2, 3, 9, 3, 1, 2]) == 2
     tokens = [1, 2, 3, 9, 3, 1, 2, 3]
     assert d.draft_class("r", tokens) == 3
-    # The draft that follows is the continuation of that match, looked up once.
+    # The draft that follows is the continuation of that match.
     assert propose(d, tokens, k=2) == slow_reference(tokens, 1, 3, 2) == [9, 3]
     d.release("r")
-    assert d._matches == {} and d.draft_class("r", [5, 5]) == 1
+    assert d._indexes == {} and d._buffers == {} and d.draft_class("r", [5, 5]) == 1
     assert NgramDrafter(min_n=2).draft_class("q", [1, 2, 3, 9, 3]) is None  # min_n leaves the 1-token match out
 
 

@@ -243,9 +243,6 @@ class NgramDrafter(Drafter):
         )
         self._buffers: dict[str, _TokenBuffer] = {}
         self._indexes: dict[str, _SuffixIndex] = {}
-        # Per request, (context length, n, end) of its best match: draft_class and the draft
-        # that follows it share one lookup.
-        self._matches: dict[str, tuple[int, int, int]] = {}
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         return self.cost(depth, num_requests)
@@ -270,17 +267,13 @@ class NgramDrafter(Drafter):
         return n or None
 
     def match(self, request_id: str, token_ids: Sequence[int]) -> tuple[int, int]:
-        """(n, end) of the context's best match (best_match), looked up once per context."""
-        known = self._matches.get(request_id)
-        if known is not None and known[0] == len(token_ids) and self._buffers[request_id].extends_to(token_ids):
-            return known[1], known[2]
+        """(n, end) of the context's best match (best_match's), from the request's n-gram index:
+        asked again for the same context (draft_class, then the draft), it only looks up."""
         tokens = self._tokens(request_id, token_ids)
         index = self._indexes.get(request_id)
         if index is None:
             index = self._indexes[request_id] = _SuffixIndex(self.max_n)
-        n, end = index.best(tokens, self.min_n)
-        self._matches[request_id] = (len(token_ids), n, end)
-        return n, end
+        return index.best(tokens, self.min_n)
 
     def _propose_one(self, request: DraftRequest) -> list[int]:
         k = min(request.num_draft_tokens, self.num_speculative_tokens)
@@ -301,4 +294,3 @@ class NgramDrafter(Drafter):
     def release(self, request_id: str) -> None:
         self._buffers.pop(request_id, None)
         self._indexes.pop(request_id, None)
-        self._matches.pop(request_id, None)
