@@ -11,8 +11,12 @@
 #   bash bench/gpu/prepare.sh              # here first: carried files, then the CPU dry run
 #   bash bench/gpu/run.sh                  # on the device, carry [".whl", ".gpu"], timeout 560
 #   bash bench/gpu/run.sh --dry-run        # every step on the CPU at tiny shapes
+#   bash bench/gpu/run.sh tests batch1     # only the steps named (the checkpoint always)
 set -o pipefail
-if [ "$1" = "--dry-run" ]; then
+DRY=0
+if [ "$1" = "--dry-run" ]; then DRY=1; shift; fi
+STEPS=" ${*:-tests verify topk_split batch1 step_profile} "
+if [ $DRY = 1 ]; then
     PY=${PYTHON:-python3}
     export OUT=${OUT:-/tmp/issue42-dry} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
     mkdir -p "$OUT"
@@ -25,6 +29,7 @@ fi
 CKPT=/tmp/ckpt-$SHAPE
 step() {  # step NAME SECONDS COMMAND...: a cut-off or failed step does not stop the others
     local name=$1 limit=$2; shift 2
+    [ "$name" = checkpoint ] || [[ "$STEPS" == *" $name "* ]] || return 0
     echo "== $name (limit ${limit}s)"
     local start=$SECONDS
     timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Unrecognized keys" | tee -a "$OUT/run.log"
@@ -32,18 +37,20 @@ step() {  # step NAME SECONDS COMMAND...: a cut-off or failed step does not stop
 }
 step checkpoint 50 "$PY" bench/gpu/make_checkpoint.py --shape "$SHAPE" --out "$CKPT" \
     --tokenizer .gpu/tokenizer --device "$DEVICE"
-TESTS="tests/sample/test_triton.py tests/sample/test_triton_split_rows.py tests/engine/test_cuda.py tests/engine/test_greedy_path.py
-    tests/model/test_row_attention.py"
-if [ "$DEVICE" = cuda ]; then
-    step tests 110 env OMP_NUM_THREADS=2 "$PY" -m pytest -p no:cacheprovider -o addopts= -n 8 -q \
-        --timeout 100 -rfE $TESTS
-else  # the interpreter runs these in make test; here only that they collect
-    step tests 120 "$PY" -m pytest -p no:cacheprovider -o addopts= -q --collect-only $TESTS
-fi
 step verify 50 "$PY" bench/verify.py --device "$DEVICE" --batch 1 64 --k 5 --vocab "$VOCAB" --dtype bfloat16 \
     --modes random greedy top-k50-p0.9 --reps 1 --json "$OUT/verify.json"
+step topk_split 60 "$PY" bench/gpu/topk_split.py --device "$DEVICE" --vocab "$VOCAB" --json "$OUT/topk_split.json"
 step batch1 210 "$PY" bench/gpu/batch1.py --model "$CKPT" --device "$DEVICE" --dtype bfloat16 \
     --tokens "$TOKENS" --rounds "$ROUNDS" --json "$OUT/batch1.json"
 step step_profile 80 "$PY" bench/step_profile.py --device "$DEVICE" --model "$CKPT" --dtype bfloat16 \
     --batch 1 "$BATCH" --draft none ngram --rounds 1 --max-tokens 32 --json "$OUT/step_profile.json"
+TESTS="tests/sample/test_triton.py tests/sample/test_triton_split_rows.py tests/engine/test_cuda.py tests/engine/test_greedy_path.py
+    tests/model/test_row_attention.py"
+if [ "$DEVICE" = cuda ]; then
+    # -v: a test's verdict is logged as it ends, so a step cut off still names what failed
+    step tests 120 env OMP_NUM_THREADS=1 "$PY" -m pytest -p no:cacheprovider -o addopts= -n 12 -v \
+        --timeout 100 -rfE $TESTS
+else  # the interpreter runs these in make test; here only that they collect
+    step tests 120 "$PY" -m pytest -p no:cacheprovider -o addopts= -q --collect-only $TESTS
+fi
 grep "^== .*: exit" "$OUT/run.log"
