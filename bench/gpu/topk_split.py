@@ -2,7 +2,8 @@
 (unsplit) against rows split across programs with 8 to 64 pivots a pass. The split search
 compares every column with every pivot, so its work grows with the pivots while its launches
 shrink with them; this measures where that balance lies on the card (issue 42: B = 64 / K = 5
-top-k 50 + top-p 0.9 at V = 128,256 took 58.7 ms split with 64 pivots, 7.2 ms unsplit).
+top-k 50 + top-p 0.9 at V = 128,256 took 58.7 ms split with 64 pivots, 7.1 ms unsplit). The
+row "default" is what tiles.split_tiles chooses.
 
     python bench/gpu/topk_split.py --json $OUT/topk_split.json            # on a GPU
 """
@@ -27,13 +28,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--vocab", type=int, default=128_256)
-    parser.add_argument("--pivots", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--pivots", type=int, nargs="*", default=[8, 16, 32, 64], help="pivot counts to try split (none: the default and unsplit only)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/topk_split.json"))
     args = parser.parse_args()
     device = torch.device(args.device)
     backend = "triton" if device.type == "cuda" else "native"  # native: a CPU dry run of the script
     split_tiles, default_pivots = tiles.split_tiles, tiles._SPLIT_PIVOTS
-    variants = {"unsplit": (lambda *_: None, default_pivots)}
+    variants = {"default": (split_tiles, default_pivots), "unsplit": (lambda *_: None, default_pivots)}
     variants.update({f"split, {n} pivots": (split_tiles, n) for n in args.pivots})
     table = Table("B", "search", "splits", "µs", digits=1)
     rows = []

@@ -46,7 +46,9 @@ def _setups(root: Path) -> dict[str, dict]:
     return {
         "none": dict(draft="none"),
         "ngram": dict(draft="ngram", num_speculative_tokens=3),
-        "draft model": dict(draft=str(root / "draft"), num_speculative_tokens=3),
+        # A random draft model's drafts never pay, so the adaptive K would step it aside (no
+        # step verifying drafts): its K stays fixed.
+        "draft model": dict(draft=str(root / "draft"), num_speculative_tokens=3, adaptive=False),
         "medusa tree": dict(draft=str(root / "medusa.safetensors"), tree=(3, 2, 1)),
         "ngram tree": dict(draft="ngram", tree=(2, 1)),
         "eagle": dict(draft=str(root / "eagle.safetensors"), num_speculative_tokens=3),

@@ -23,11 +23,12 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _TILE = 1 << 19 if INTERPRETED else 2048  # values per program tile
 _SEARCH_TILE = 1 << 20 if INTERPRETED else 4096  # values per tile of the pivot comparisons
 _NUM_PIVOTS = 2 if INTERPRETED else 8
-# A split row's search reads its partials back in every program, so more pivots per pass cost
-# little beside the fewer passes (launches) they buy: 64 pivots settle 6 bits a pass.
-_SPLIT_PIVOTS = 64
-# A row's search is dependent passes over the row on one program: even with enough rows to fill
-# the device, a program should own no more columns than this (128,256 split 8 ways).
+# A pass compares every column with every pivot, so its work grows with the pivots faster than
+# its launches shrink: on an H100 at V = 128,256 (bench/gpu/topk_split.py) 8 pivots beat 64 by
+# 1.6x at one request and 5.6x at eight.
+_SPLIT_PIVOTS = 8
+# Rows too few to fill the device are split at least this fine (128,256 columns 8 ways): a row's
+# search is dependent passes over its columns.
 _SPLIT_COLUMNS = 16384
 _PROGRAMS_PER_SM = 2
 
@@ -69,10 +70,14 @@ def row_tiles(num_rows: int, vocab: int) -> RowTiles:
 
 def split_tiles(num_rows: int, vocab: int, device: torch.device) -> SplitTiles | None:
     """How to split rows whose top-k / top-p thresholds are searched, or None to keep one program
-    per row (a small vocabulary, or the interpreter)."""
+    per row (rows enough to fill the device, a small vocabulary, or the interpreter). Rows that
+    fill the device run best unsplit: 64 requests x 6 rows at V = 128,256 on an H100 took 7.1 ms
+    unsplit, 7.8 ms split 8 ways."""
     if INTERPRETED or device.type != "cuda":
         return None
     wanted = _PROGRAMS_PER_SM * _num_sms(device.index)
+    if num_rows >= wanted:
+        return None
     block_v = min(triton.next_power_of_2(vocab), _TILE)
     splits = min(triton.cdiv(vocab, block_v),
                  max(triton.cdiv(vocab, _SPLIT_COLUMNS), wanted // max(num_rows, 1)))
