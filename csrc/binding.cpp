@@ -104,7 +104,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
            py::arg("softcap"), py::arg("isa"), py::arg("head") = py::none())
       .def("forward", &verispec::DecoderStack::forward, py::arg("hidden"), py::arg("begin"),
            py::arg("end"), py::arg("cos"), py::arg("sin"), py::arg("kv_caches"),
-           py::arg("slot_mapping"), py::arg("plans"), py::arg("products"))
+           py::arg("slot_mapping"), py::arg("plans"), py::arg("products"),
+           py::arg("capture_after") = std::vector<int64_t>(),
+           py::arg("captured") = std::vector<torch::Tensor>())
       .def("logits", &verispec::DecoderStack::logits, py::arg("hidden"), py::arg("indices"),
            py::arg("product"))
       .def_property_readonly("num_layers", &verispec::DecoderStack::num_layers)

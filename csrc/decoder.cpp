@@ -204,7 +204,9 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
                            const std::vector<torch::Tensor>& kv_caches,
                            const torch::Tensor& slot_mapping,
                            const std::vector<std::vector<torch::Tensor>>& plans,
-                           const std::vector<int64_t>& products) const {
+                           const std::vector<int64_t>& products,
+                           const std::vector<int64_t>& capture_after,
+                           const std::vector<torch::Tensor>& captured) const {
   const int64_t layers = num_layers();
   TORCH_CHECK(0 <= begin && begin <= end && end <= layers, "layers [", begin, ", ", end,
               ") are not within [0, ", layers, ")");
@@ -219,6 +221,17 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   TORCH_CHECK(products.size() == 4, "products has ", products.size(),
               " entries: expected 4 (qkv, o, gate_up, down)");
   for (const int64_t product : products) check_product(product, rows);
+  TORCH_CHECK(capture_after.size() == captured.size(), "capture_after has ",
+              capture_after.size(), " layer numbers and captured ", captured.size(), " tensors");
+  for (size_t j = 0; j < captured.size(); ++j) {
+    TORCH_CHECK(begin < capture_after[j] && capture_after[j] < end &&
+                    (j == 0 || capture_after[j - 1] < capture_after[j]),
+                "capture_after must increase within (", begin, ", ", end, "): ", capture_after[j]);
+    TORCH_CHECK(captured[j].scalar_type() == torch::kFloat32 && captured[j].is_contiguous() &&
+                    captured[j].dim() == 2 && captured[j].size(0) == rows &&
+                    captured[j].size(1) == width,
+                "captured[", j, "] must be a contiguous [", rows, ", ", width, "] float32 tensor");
+  }
   TORCH_CHECK(cos.size() == sin.size(), "cos and sin differ in length");
   for (size_t i = 0; i < cos.size(); ++i) {
     for (const torch::Tensor* t : {&cos[i], &sin[i]}) {
@@ -254,6 +267,7 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
 
   py::gil_scoped_release released;
   float* h = hidden.data_ptr<float>();
+  size_t next_capture = 0;
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   std::vector<float> x(rows * width), out(rows * width), qkv(rows * qkv_width);
   std::vector<float> attn(rows * attn_width), gate_up(rows * 2 * inter), act(rows * inter);
@@ -310,6 +324,9 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
       rms_norm_rows(out.data(), out.data(), w.mlp_out_norm, rows, width, width, eps_);
     }
     for (int64_t k = 0; k < rows * width; ++k) h[k] += out[k];
+    if (next_capture < capture_after.size() && capture_after[next_capture] == i + 1) {
+      std::copy(h, h + rows * width, captured[next_capture++].data_ptr<float>());
+    }
   }
 }
 

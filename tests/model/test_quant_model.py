@@ -190,6 +190,41 @@ def test_compiled_layers_give_the_torch_layers_logits_and_hidden_states(stored) 
     assert (logits.argmax(-1) == torch_logits.argmax(-1)).float().mean() >= 0.8 and kl < 0.02
 
 
+def test_captured_hidden_states_change_nothing_and_are_checked(stored) -> None:
+    """The compiled stack copies the hidden states a learned drafter reads out of its one call
+    (DecoderStack.forward's capture_after): the logits are those of a pass without capture, bit
+    for bit, and a layer's states the same whichever other layers are captured beside it."""
+    model, tokenizer = stored
+    stack = model._compiled_stack()
+    if stack is None:
+        pytest.skip("the compiled kernels are not built here")
+    ids = tokenizer.encode(TEXT)[:12]
+    attn = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(4))], 16)
+    rows = torch.arange(len(ids))
+
+    def run(layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return model.forward_hidden(torch.tensor(ids), attn.positions(), attn, model.allocate_kv_cache(4, 16),
+                                    rows, layers)
+
+    plain, _ = run(())
+    logits, hidden = run((2, 15, 30))
+    alone, hidden_15 = run((15,))
+    width = model.config.hidden_size
+    assert torch.equal(logits, plain) and torch.equal(alone, plain)
+    assert torch.equal(hidden[:, width:2 * width], hidden_15)
+    assert not torch.equal(hidden[:, :width], hidden_15)  # each layer its own states
+    empty = torch.zeros(0, width)
+    caches = model.allocate_kv_cache(1, 16)
+    call = dict(hidden=empty, begin=0, end=model.config.num_layers, cos=[], sin=[], kv_caches=caches,
+                slot_mapping=torch.zeros(0, dtype=torch.int64), plans=[], products=[0, 0, 0, 0])
+    with pytest.raises(RuntimeError, match=r"capture_after must increase within \(0, 30\): 30"):
+        stack.forward(**call, capture_after=[30], captured=[empty])
+    with pytest.raises(RuntimeError, match="capture_after has 1 layer numbers and captured 0"):
+        stack.forward(**call, capture_after=[2], captured=[])
+    with pytest.raises(RuntimeError, match=r"captured\[0\] must be a contiguous \[0, 576\]"):
+        stack.forward(**call, capture_after=[2], captured=[torch.zeros(0, 3)])
+
+
 def test_the_portable_compiled_layers_give_the_same_logits_bit_for_bit(stored, tmp_path) -> None:
     """VERISPEC_CPU_KERNEL=generic (read once per process) runs the compiled layers with the
     scalar products, the portable attention and float16 conversions: every path performs the

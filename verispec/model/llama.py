@@ -389,13 +389,10 @@ class LlamaModel(nn.Module):
             sin = [angles[rope][1] for rope in self.rotaries]
             row_plans = [plans[w].rows.tensors() for w in dict.fromkeys(self.layer_windows)]
             products = stack_products(self.layers[0], len(input_ids))
-            start = 0
-            for number in sorted(set(hidden_layers) - {last}) + [last]:
-                stack.forward(hidden, start, number, cos, sin, kv_caches, attn.slot_mapping,
-                              row_plans, products)
-                if number != last:
-                    captured[number] = hidden.clone()  # later layers update `hidden` in place
-                start = number
+            inner = sorted(set(hidden_layers) - {last})
+            captured = {number: torch.empty_like(hidden) for number in inner}
+            stack.forward(hidden, 0, last, cos, sin, kv_caches, attn.slot_mapping, row_plans, products,
+                          inner, [captured[number] for number in inner])
         else:
             for number, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches), start=1):
                 cos, sin = angles[self.layer_ropes[number - 1]]
