@@ -5,19 +5,28 @@
 
 namespace verispec {
 
+// Both take exp of minus a magnitude only, a value in (0, 1], so every division is by a number
+// in (1, 2]. Vectorized, the compiler evaluates both sides of exp_approx's clamps; a division by
+// 1 + exp(88) there gave denormal lanes on almost every value, each a microcode assist: SiLU
+// cost 4 ns a value (a quarter of a verify row's cost on the 4-bit target), now 0.55.
 VS_CLONES void silu_mul(const float* __restrict gate, const float* __restrict up,
                         float* __restrict dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+  for (int64_t i = 0; i < n; ++i) {
+    // sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|).
+    const float g = gate[i];
+    const float e = exp_approx(-std::fabs(g));
+    dst[i] = g * (g >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
+  }
 }
 
 VS_CLONES void gelu_mul(const float* __restrict gate, const float* __restrict up,
                         float* __restrict dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = gate[i];
-    // tanh(u) = 1 - 2 / (exp(2u) + 1), exact at the clamps' ends (+-1).
+    // (1 + tanh(u)) / 2 = sigmoid(2u), as SiLU's sigmoid (no cancellation where u < 0).
     const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    const float tanh_u = 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f);
-    dst[i] = 0.5f * x * (1.0f + tanh_u) * up[i];
+    const float e = exp_approx(-2.0f * std::fabs(u));
+    dst[i] = x * (u >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
   }
 }
 
