@@ -102,36 +102,46 @@ void Panels::check(int64_t k) const {
 }
 
 // Blocks [begin, end) of 32 (quantize_into). Written without branches or library calls, so
-// the compiler vectorizes them: the maximum is taken in eight lanes (exact in any order; NaN is
-// ignored, as fmax does), and adding and subtracting 1.5 * 2^23 rounds a value of magnitude
-// <= 127 to an integer, ties to even, as nearbyint (and torch.round) do.
+// the compiler vectorizes them: the maximum is taken in sixteen lanes (exact in any order; NaN
+// is ignored, as fmax does), and adding and subtracting 1.5 * 2^23 rounds a value of magnitude
+// <= 127 to an integer, ties to even, as nearbyint (and torch.round) do. Blocks go in groups of
+// sixteen, the group's scales in one vector of divisions: a scalar division per block cost as
+// much as quantizing its 32 values (0.93 -> 0.32 ns a value on the Xeon of 2026-11-27).
 VS_CLONES void quantize_blocks(const float* __restrict x, int64_t begin, int64_t end,
                                int8_t* __restrict xq, float* __restrict xd, int32_t* xs,
                                float* xm) {
-  for (int64_t i = begin; i < end; ++i) {
-    const float* src = x + i * kBlock;
-    float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t j = 0; j < kBlock; j += 8) {
-      for (int l = 0; l < 8; ++l) {
-        const float magnitude = std::fabs(src[j + l]);
-        lanes[l] = lanes[l] < magnitude ? magnitude : lanes[l];
+  constexpr int64_t kGroup = 16;
+  for (int64_t first = begin; first < end; first += kGroup) {
+    const int64_t count = std::min(kGroup, end - first);
+    float amax[kGroup], inv[kGroup];
+    for (int64_t b = 0; b < count; ++b) {
+      const float* src = x + (first + b) * kBlock;
+      float lanes[16];
+      for (int l = 0; l < 16; ++l) {
+        const float low = std::fabs(src[l]), high = std::fabs(src[l + 16]);
+        lanes[l] = 0.0f < low ? low : 0.0f;
+        lanes[l] = lanes[l] < high ? high : lanes[l];
       }
+      float most = 0.0f;
+      for (int l = 0; l < 16; ++l) most = most < lanes[l] ? lanes[l] : most;
+      amax[b] = most;
     }
-    float amax = 0.0f;
-    for (int l = 0; l < 8; ++l) amax = amax < lanes[l] ? lanes[l] : amax;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t q[kBlock];
-    for (int64_t j = 0; j < kBlock; ++j) {
-      q[j] = static_cast<int32_t>((src[j] * inv + 12582912.0f) - 12582912.0f);
+    for (int64_t b = 0; b < count; ++b) {
+      inv[b] = amax[b] > 0.0f ? 127.0f / amax[b] : 0.0f;
+      xd[first + b] = amax[b] / 127.0f;
     }
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kBlock; ++j) {
-      xq[i * kBlock + j] = static_cast<int8_t>(q[j]);
-      sum += q[j];
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t i = first + b;
+      const float* src = x + i * kBlock;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int32_t q = static_cast<int32_t>((src[j] * inv[b] + 12582912.0f) - 12582912.0f);
+        xq[i * kBlock + j] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      if (xs != nullptr) xs[i] = sum;
+      if (xm != nullptr) xm[i] = xd[i] * static_cast<float>(sum);
     }
-    xd[i] = amax / 127.0f;
-    if (xs != nullptr) xs[i] = sum;
-    if (xm != nullptr) xm[i] = xd[i] * static_cast<float>(sum);
   }
 }
 
