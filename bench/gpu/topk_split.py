@@ -28,7 +28,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--vocab", type=int, default=128_256)
-    parser.add_argument("--pivots", type=int, nargs="*", default=[8, 16, 32, 64], help="pivot counts to try split (none: the default and unsplit only)")
+    parser.add_argument("--pivots", type=int, nargs="*", default=[8, 16, 32, 64],
+                        help="pivot counts to try split (none: the default and unsplit only)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/topk_split.json"))
     args = parser.parse_args()
     device = torch.device(args.device)

@@ -61,12 +61,14 @@ def _run(target: str, drafter: str, params: SamplingParams, static: bool, poison
     drafts every step, whatever they are worth)."""
     model = _target(target)
     # 4-bit rows cost the adaptive K too much on a tiny model, trees are drafted whole or not at
-    # all, and an untrained EAGLE head's drafts never pay (the adaptive K would step it aside): K
-    # and trees stay fixed there, so that every step verifies drafts.
+    # all, an untrained EAGLE head's drafts never pay (the adaptive K would step it aside), nor
+    # do a draft model's as large as its target: K and trees stay fixed there, so that every
+    # step verifies drafts.
     tree = drafter.endswith(" tree")
     engine = tiny_engine(model, _drafter(drafter, model), k=K if drafter != "none" else 0, max_seqs=8,
                          static_step=static,
-                         adaptive=not fixed_k and target != "int4" and not tree and drafter != "eagle",
+                         adaptive=not fixed_k and target != "int4" and not tree
+                         and drafter not in ("eagle", "draft model"),
                          tree=(2, 2) if tree else None)
     padded = []
     prepare = StaticInputs.prepare

@@ -130,6 +130,28 @@ def test_allot_keeps_drafts_that_fit_in_the_padding_and_trims_a_costly_cliff() -
     assert ctl.allot(claims, base_rows=16, base_tokens=16, padded_rows=_padded) == [0] * 16
 
 
+def test_a_prompt_chunk_in_the_step_makes_no_draft_look_cheap() -> None:
+    """Rows of a prompt chunk emit no token this step: counted in the step's rate, a long chunk
+    made a draft accepted one time in five look worth its row. Drafts are judged against the
+    decode rows alone; where padding makes rows cost alike, the chunk still takes its room."""
+    ctl = AdaptiveK(max_k=4, row_cost=0.1)
+    for _ in range(10):  # one draft of four accepted
+        for accepted in (1, 0, 0, 0):
+            ctl.observe("weak", 1, accepted)
+    _confident(ctl, "strong", 9, 10)
+    claims = [DraftClaim("weak", 4, fixed=False), DraftClaim("strong", 4, fixed=False)]
+    plain = dict(base_tokens=4, padded_rows=lambda rows: rows)
+    with_chunk = ctl.allot(claims, base_rows=4 + 500, prompt_rows=500, **plain)
+    assert with_chunk == ctl.allot(claims, base_rows=4, **plain)
+    assert with_chunk[0] == 0 and with_chunk[1] > 0
+    # Counted in (the old rule), the chunk lets the weak request's drafts through.
+    assert ctl.allot(claims, base_rows=4 + 500, **plain)[0] > 0
+    # 12 decode rows pad to 16: four drafts ride free, unless a chunk of 4 took that room.
+    padded = dict(base_tokens=12, padded_rows=_padded)
+    free = ctl.allot(claims, base_rows=12, **padded)
+    assert sum(free) == 4 and sum(ctl.allot(claims, base_rows=16, prompt_rows=4, **padded)) < 4
+
+
 def test_allot_keeps_fixed_claims_and_gives_confident_requests_more() -> None:
     ctl = AdaptiveK(max_k=4, row_cost=0.1)
     _confident(ctl, "sure", 4, 4)

@@ -532,14 +532,17 @@ class LLMEngine:
             return _Drafts()
         counts = [p.num_draft_slots for p in speculating]
         if self.adaptive is not None:
+            base_rows = sum(sum(p.num_new) for p in scheduled)
             counts = self.adaptive.allot(
                 [DraftClaim(p.request.request_id, p.num_draft_slots,
                             fixed=p.request.batch_invariant or self.adaptive.probing(p.request.request_id),
                             rows_per_draft=len(p.request.seqs))
                  for p in speculating],
-                base_rows=sum(sum(p.num_new) for p in scheduled),
+                base_rows=base_rows,
                 base_tokens=len(sampling),
                 padded_rows=self.model.padded_rows,
+                # Beyond a row per sampled sequence, what the step feeds is prompt.
+                prompt_rows=base_rows - sum(len(p.request.seqs) for p in sampling),
             )
         drafting = [(p, k) for p, k in zip(speculating, counts) if k > 0]
         if not drafting:

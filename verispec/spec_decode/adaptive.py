@@ -42,7 +42,11 @@ two apart keep a batch's probes on shared steps.
 Per step, `allot` then trims the drafts of all requests together against the real shape of the
 step's cost, a + b·rows(R) + a·D(depth, n) where rows(R) is what a pass over R rows costs like
 (the model pads rows on CPU: 17 rows cost what 32 do, see verispec/model/linear.py) and depth
-is the most drafts any request keeps: the drafts with the largest expected gain (alpha^j for a
+is the most drafts any request keeps. Rows of prompt chunks in the step are left out of the
+yardstick (their price is the prompt's): counted in, a step with a long chunk emits so few
+tokens per unit of its cost that drafts accepted one time in ten looked worth their rows (at
+batch 16 on the 4-bit target, a twentieth of the run's time went to such drafts). Kept are
+the drafts with the largest expected gain (alpha^j for a
 request's j-th draft) are kept while they raise the expected tokens per unit of cost, every
 prefix of that order priced with its own rows, depth and drafting requests, and the search is
 repeated with each cap on the depth (a drafter that runs one pass per position can pay more
@@ -370,13 +374,16 @@ class AdaptiveK(_Gate):
         base_rows: int,
         base_tokens: float,
         padded_rows: Callable[[int], int],
+        prompt_rows: int = 0,
     ) -> list[int]:
         """Draft tokens per claim for one step (module docstring).
 
         base_rows: rows the step runs without the claims' drafts; base_tokens: tokens it emits
-        without them (one per sampling request); padded_rows: rows a pass over R rows costs like.
+        without them (one per sampling request); padded_rows: rows a pass over R rows costs like;
+        prompt_rows: the rows of base_rows that feed prompt chunks rather than sampled tokens.
         """
         rows, tokens = base_rows, base_tokens
+        sunk = self.row_cost * (padded_rows(base_rows) - padded_rows(base_rows - prompt_rows))
         depth = drafting = 0  # the fixed claims' deepest priced draft, and how many of them draft
         # (expected tokens, j, rows, claim, priced: whether it costs the drafter's call) per optional draft
         gains: list[tuple[float, int, int, int, bool]] = []
@@ -395,7 +402,7 @@ class AdaptiveK(_Gate):
         gains.sort(key=lambda g: -g[0])
 
         def rate(rows: int, tokens: float, depth: int, drafting: int) -> float:
-            return tokens / (1 + self.row_cost * padded_rows(rows) + self.draft_cost(depth, drafting))
+            return tokens / (1 + self.row_cost * padded_rows(rows) - sunk + self.draft_cost(depth, drafting))
 
         kept: list[tuple[float, int, int, int, bool]] = []
         best_rate = rate(rows, tokens, depth, drafting) * (1 + DRAFT_MARGIN)
@@ -478,9 +485,11 @@ class TreeGate(_Gate):
         base_rows: int,
         base_tokens: float,
         padded_rows: Callable[[int], int],
+        prompt_rows: int = 0,
     ) -> list[int]:
         """Nodes per claim for one step: all of its slots or none (AdaptiveK.allot's arguments)."""
         rows, tokens, drafting = base_rows, base_tokens, 0
+        sunk = self.row_cost * (padded_rows(base_rows) - padded_rows(base_rows - prompt_rows))
         optional: list[tuple[float, int, int]] = []  # (expected extra tokens, rows, claim)
         for i, claim in enumerate(claims):
             gain = min(self.tokens(claim.request_id) - 1, claim.slots)
@@ -492,7 +501,7 @@ class TreeGate(_Gate):
         optional.sort(key=lambda g: -g[0])
 
         def rate(rows: int, tokens: float, drafting: int) -> float:
-            return tokens / (1 + self.row_cost * padded_rows(rows) + self._tree_draft_cost(drafting))
+            return tokens / (1 + self.row_cost * padded_rows(rows) - sunk + self._tree_draft_cost(drafting))
 
         kept, best_rate = 0, rate(rows, tokens, drafting)
         for m, (gain, extra_rows, _) in enumerate(optional, start=1):
