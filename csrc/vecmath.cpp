@@ -8,7 +8,7 @@ namespace verispec {
 // Both take exp of minus a magnitude only, a value in (0, 1], so every division is by a number
 // in (1, 2]. Vectorized, the compiler evaluates both sides of exp_approx's clamps; a division by
 // 1 + exp(88) there gave denormal lanes on almost every value, each a microcode assist: SiLU
-// cost 4 ns a value (a quarter of a verify row's cost on the 4-bit target), now 0.55.
+// cost 4 ns a value (over a fifth of a verify row's cost on the 4-bit target), now 0.55.
 VS_CLONES void silu_mul(const float* __restrict gate, const float* __restrict up,
                         float* __restrict dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
