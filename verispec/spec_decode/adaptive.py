@@ -288,6 +288,11 @@ class _Gate(ABC):
         new request then waits the longest before it probes."""
         return self._backoff >= PROBE_BACKOFF
 
+    def _prompt_cost(self, base_rows: int, prompt_rows: int, padded_rows: Callable[[int], int]) -> float:
+        """What the step's prompt-chunk rows cost, in units of a: left out of the rate its drafts
+        are judged by (module docstring); where padding makes rows cost alike, what they add."""
+        return self.row_cost * (padded_rows(base_rows) - padded_rows(base_rows - prompt_rows))
+
     def probing(self, request_id: str) -> bool:
         """Whether the request's last drafts came from a probe rather than from its acceptance."""
         e = self._estimates.get(request_id)
@@ -383,7 +388,7 @@ class AdaptiveK(_Gate):
         prompt_rows: the rows of base_rows that feed prompt chunks rather than sampled tokens.
         """
         rows, tokens = base_rows, base_tokens
-        sunk = self.row_cost * (padded_rows(base_rows) - padded_rows(base_rows - prompt_rows))
+        sunk = self._prompt_cost(base_rows, prompt_rows, padded_rows)
         depth = drafting = 0  # the fixed claims' deepest priced draft, and how many of them draft
         # (expected tokens, j, rows, claim, priced: whether it costs the drafter's call) per optional draft
         gains: list[tuple[float, int, int, int, bool]] = []
@@ -489,7 +494,7 @@ class TreeGate(_Gate):
     ) -> list[int]:
         """Nodes per claim for one step: all of its slots or none (AdaptiveK.allot's arguments)."""
         rows, tokens, drafting = base_rows, base_tokens, 0
-        sunk = self.row_cost * (padded_rows(base_rows) - padded_rows(base_rows - prompt_rows))
+        sunk = self._prompt_cost(base_rows, prompt_rows, padded_rows)
         optional: list[tuple[float, int, int]] = []  # (expected extra tokens, rows, claim)
         for i, claim in enumerate(claims):
             gain = min(self.tokens(claim.request_id) - 1, claim.slots)
