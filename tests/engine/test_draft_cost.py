@@ -53,6 +53,31 @@ def test_a_drafter_declaring_a_high_cost_only_probes(target) -> None:
     assert free_drafts > 200 // interval + 1 >= costly_drafts > 0
 
 
+def test_in_a_closed_batch_a_request_that_finishes_first_does_not_draft(target) -> None:
+    """Nothing waiting, a batch runs as long as its longest request: the drafts of one that
+    finishes well before it save nobody a step (spec_decode/adaptive.py finish_shares). With a
+    request waiting for its slot, or a running one whose length is not known (no max_tokens, or
+    EOS may end it), they pay as ever."""
+    short = dataclasses.replace(GREEDY, max_tokens=16)
+    long = dataclasses.replace(GREEDY, max_tokens=96)
+    other = [9, 7, 13, 11, 14, 5]
+
+    def short_drafts(prompts, params, max_num_seqs: int = 4) -> int:
+        e = engine(target, NgramDrafter(1, 3, 4))
+        e = LLMEngine(target, word_tokenizer(), dataclasses.replace(e.config, max_num_seqs=max_num_seqs), e.drafter)
+        ids = [e.add_request(p, q) for p, q in zip(prompts, params)]
+        done = run_all(e)
+        return done[ids[0]].stats.num_draft_tokens, [done[i].token_ids for i in ids]
+
+    alone, alone_out = short_drafts([REPETITIVE], [short])
+    closed, closed_out = short_drafts([REPETITIVE, other], [short, long])
+    queued, queued_out = short_drafts([REPETITIVE, other, other], [short, long, long], max_num_seqs=2)
+    unbounded, _ = short_drafts([REPETITIVE, other], [short, dataclasses.replace(long, max_tokens=None)])
+    eos, _ = short_drafts([REPETITIVE, other], [short, dataclasses.replace(long, ignore_eos=False)])
+    assert alone >= 8 and closed == 0 and min(queued, unbounded, eos) >= 4, (alone, closed, queued, unbounded, eos)
+    assert closed_out[0] == queued_out[0] == alone_out[0] and closed_out[1] == queued_out[1]
+
+
 def test_the_config_overrides_the_drafters_declaration(target) -> None:
     """n-gram drafts on a repetitive prompt are nearly free and often right; priced at 50 target
     steps per call they are not worth it."""

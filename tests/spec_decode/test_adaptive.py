@@ -9,7 +9,9 @@ import math
 import pytest
 
 from verispec.config import DraftCost
-from verispec.spec_decode.adaptive import DRAFT_MARGIN, PROBE_BACKOFF, PROBE_COST, AdaptiveK, DraftClaim, TreeGate
+from verispec.spec_decode.adaptive import (
+    DRAFT_MARGIN, FINISH_SLACK, PROBE_BACKOFF, PROBE_COST, AdaptiveK, DraftClaim, TreeGate, finish_shares,
+)
 from verispec.spec_decode.metrics import expected_emitted_tokens
 
 
@@ -182,6 +184,44 @@ def test_allot_maximises_expected_tokens_per_cost(padded, draft_cost: DraftCost)
 
     best = max(rate(ks) for ks in itertools.product(range(4), repeat=len(claims)))
     assert rate(tuple(allotted)) >= best - 1e-12
+
+
+def test_finish_shares_split_the_finish_among_the_longest() -> None:
+    assert finish_shares([]) == []
+    assert finish_shares([40.0]) == [1.0]
+    # Within FINISH_SLACK (and a step) of the longest, requests share the finish alike.
+    near = 100 * (1 - FINISH_SLACK) - 0.5
+    assert finish_shares([100.0, near, 30.0, 99.0]) == [1 / 3, 1 / 3, 0.0, 1 / 3]
+    assert finish_shares([5.0, 5.0]) == [0.5, 0.5]
+
+
+def test_with_nothing_waiting_only_drafts_on_the_critical_path_pay() -> None:
+    """A closed batch runs as long as its longest request: accepted drafts of a request that
+    finishes earlier save only its own later rows, so they never pay for the rows they take;
+    those of the longest save whole steps, and pay as they would alone. With requests waiting
+    (shares None) every token counts alike, as with equal shares."""
+    ctl = AdaptiveK(max_k=4, row_cost=0.1)
+    _confident(ctl, "copy", 19, 20)
+    _confident(ctl, "open", 5, 10)
+    claims = [DraftClaim("copy", 4, fixed=False), DraftClaim("open", 4, fixed=False)]
+    plain = dict(base_rows=16, base_tokens=16, padded_rows=lambda rows: rows)
+    queued = ctl.allot(claims, **plain)
+    assert queued == ctl.allot(claims, **plain, shares=[1 / 16, 1 / 16]) and queued[0] > 0
+    # The copying request is expected to finish first: its drafts stop; the open one's pay.
+    critical = ctl.allot(claims, **plain, shares=[0.0, 1.0])
+    assert critical[0] == 0 and critical[1] > queued[1]
+    # Off the path altogether (a request that does not draft runs longest): nothing drafts.
+    assert ctl.allot(claims, **plain, shares=[0.0, 0.0]) == [0, 0]
+    # A fixed claim (a probe) keeps its drafts whatever they are worth.
+    probe = DraftClaim("open", 1, fixed=True)
+    assert ctl.allot([claims[0], probe], **plain, shares=[0.0, 0.0]) == [0, 1]
+    with pytest.raises(ValueError, match="shares"):
+        ctl.allot(claims, **plain, shares=[1.0])
+    gate = TreeGate(nodes=4, depth=2, row_cost=0.1)
+    _productive(gate, "copy", 3)
+    tree_claims = [DraftClaim("copy", 4, fixed=False)]
+    assert gate.allot(tree_claims, **plain) == [4]
+    assert gate.allot(tree_claims, **plain, shares=[0.0]) == [0]
 
 
 def test_allot_prices_the_depth_of_a_drafter_that_runs_a_pass_per_position() -> None:

@@ -14,6 +14,8 @@ from verispec.config import CacheConfig, DraftCost, EngineConfig, SpeculativeCon
 from verispec.engine.engine import FEATURE_LEAD, LLMEngine
 from verispec.spec_decode.adaptive import PROBE_BACKOFF
 from verispec.spec_decode.eagle import EagleDrafter
+from verispec.spec_decode.hybrid import HybridDrafter
+from verispec.spec_decode.ngram import NgramDrafter
 
 from .. import learned
 from ..tiny import run_all, word_tokenizer
@@ -26,13 +28,16 @@ def _config(spec: SpeculativeConfig) -> EngineConfig:
                         cache=CacheConfig(4, 1024), speculative=spec)
 
 
-def _engine(draft_cost: DraftCost | None = None, adaptive: bool = True) -> tuple[LLMEngine, list[str]]:
-    """An engine with an untrained EAGLE head whose drafting is priced `draft_cost` (at 0.3 of a
-    step a call, K stays 0 and only probes draft, 37 steps apart and more), and the log of its
-    target passes ("plain" / "captured")."""
+def _engine(draft_cost: DraftCost | None = None, adaptive: bool = True,
+            lookup: bool = False) -> tuple[LLMEngine, list[str]]:
+    """An engine with an untrained EAGLE head (behind prompt lookup: `lookup`) whose drafting is
+    priced `draft_cost` (at 0.3 of a step a call, K stays 0 and only probes draft, 37 steps apart
+    and more), and the log of its target passes ("plain" / "captured")."""
     drafter = EagleDrafter(learned.untrained("eagle"), num_blocks=1024, block_size=4)
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, adaptive=adaptive, draft_cost=draft_cost,
-                             row_cost=0.1 if draft_cost else None)
+    if lookup:
+        drafter = HybridDrafter(NgramDrafter(min_n=2, num_speculative_tokens=3), drafter)
+    spec = SpeculativeConfig(method="ngram+eagle" if lookup else "eagle", num_speculative_tokens=3,
+                             adaptive=adaptive, draft_cost=draft_cost, row_cost=0.1 if draft_cost else None)
     engine = LLMEngine(learned.target(), word_tokenizer(learned.VOCAB), _config(spec), drafter)
     passes: list[str] = []
     forward, forward_hidden = engine.runner.forward, engine.runner.forward_hidden
@@ -159,3 +164,21 @@ def test_a_drafter_whose_probes_stopped_paying_takes_no_prompt_but_a_seeded_requ
     engine.adaptive._backoff = PROBE_BACKOFF
     _generate(engine, SamplingParams(temperature=0.8, seed=2, max_tokens=4, ignore_eos=True))
     assert passes[0] == "captured" and passes[1:] == ["plain"] * (len(passes) - 1)
+
+
+def test_a_stepped_aside_hybrid_captures_nothing_for_its_lookup_drafts() -> None:
+    """The hybrid's lookup drafts read no features: once its head has stepped aside, a request
+    whose K comes from a lookup match leaves the target its plain pass (at batch 16 the pass had
+    captured in 114 of 128 steps, for three head probes); before that, its features are kept
+    for the head that may draft for it next."""
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    for aside in (False, True):
+        engine, passes = _engine(DraftCost(per_call=0.3), lookup=True)
+        if aside:
+            engine.adaptive._backoff = PROBE_BACKOFF
+        engine.drafter.draft_class = lambda request_id, token_ids: 3  # a 3-token match, every step
+        tokens, _ = _generate(engine, params)
+        ks = engine.adaptive.table(1, free_drafts=True)
+        assert ks[round(engine.adaptive.class_prior(3) * 100)] > 0  # the lookup's K: above 0
+        steps = passes[1:]  # after the prompt's pass
+        assert steps == ["plain"] * len(steps) if aside else steps.count("captured") > len(steps) / 2

@@ -46,7 +46,7 @@ from ..sample.metadata import MetadataBuffers
 from ..sample.logprobs import TokenLogprob, emitted_logprobs, token_logprobs
 from ..sampling_params import SamplingParams
 from ..sample.rng import fresh_seed
-from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate
+from ..spec_decode.adaptive import AdaptiveK, DraftClaim, TreeGate, finish_shares
 from ..spec_decode.cost_cache import CostCache
 from ..spec_decode.cost_learner import CostLearner, learning_enabled
 from ..spec_decode.base import DraftBatch, Drafter, DraftRequest, FedTokens
@@ -489,7 +489,9 @@ class LLMEngine:
         drafts this step (and likely the next), one whose probe is at most FEATURE_LEAD steps
         away; a step of requests at K = 0 (a drafter that does not pay on this text) then runs
         the target's plain pass. A drafter whose probes stopped paying (AdaptiveK.stepped_aside)
-        gets no prompt either: a new request's first probe is then 128 steps away or more, and
+        gets no features for drafts that do not need them (the hybrid's lookup drafts: at batch
+        16 they had the pass capture in 114 of 128 steps, for three head probes), and no prompt
+        either: a new request's first probe is then 128 steps away or more, and
         feeding the head its prompt (EagleDrafter.absorb) cost EAGLE ~1 % of a short answer's
         time and a seventh of every prefill's for nothing; a probe that does come feeds the
         prompt as a hole (exact, its first drafts a little worse). A batch-invariant request
@@ -508,7 +510,9 @@ class LLMEngine:
                 if request.batch_invariant else \
                 self.adaptive.probes_within(request.request_id, FEATURE_LEAD, batch, self._steps + 1)
             prompt = not p.samples or max(p.num_new) > 1
-            if soon or request.num_speculative_tokens > 0 or (prompt and (request.batch_invariant or not aside)):
+            drafts = request.num_speculative_tokens > 0 and (
+                request.batch_invariant or not aside or self.adaptive.priced(request.request_id))
+            if soon or drafts or (prompt and (request.batch_invariant or not aside)):
                 wanted.add(request.request_id)
         return wanted
 
@@ -523,6 +527,24 @@ class LLMEngine:
                                                            draft_class=draft_class))
         return min(cap, self.adaptive.num_draft_tokens(
             request.request_id, len(self.scheduler.running), engine_step=self._steps + 1, draft_class=draft_class))
+
+    def _finish_shares(self, speculating: list[ScheduledRequest]) -> list[float] | None:
+        """Per speculating request, its share of the batch's finish (spec_decode/adaptive.py
+        finish_shares) among all running ones, a request still in its prompt included; None
+        while requests wait for a slot (every token alike brings the next one in), and unless
+        every running request's length is known: it ignores EOS and has no stop condition or
+        grammar, so it runs to its max_tokens. Where EOS may end requests, which one runs
+        longest is anybody's guess: of the 16 answers of bench/drafters.py's batch, 6 reached
+        max_tokens, and a copying answer that EOS would end last drafting nothing while the
+        others run, as a max_tokens estimate would have it, loses what its drafts save alone."""
+        running = self.scheduler.running
+        if self.scheduler.waiting or not all(_known_length(r) for r in running):
+            return None
+        slots = {p.request.request_id: p.num_draft_slots for p in speculating}
+        steps = [r.remaining_tokens / self.adaptive.expected_tokens(r.request_id, slots.get(r.request_id, 0))
+                 for r in running]
+        share = {r.request_id: s for r, s in zip(running, finish_shares(steps))}
+        return [share[p.request.request_id] for p in speculating]
 
     def _propose(
         self, scheduled: list[ScheduledRequest], sampling: list[ScheduledRequest],
@@ -543,6 +565,7 @@ class LLMEngine:
                 padded_rows=self.model.padded_rows,
                 # Beyond a row per sampled sequence, what the step feeds is prompt.
                 prompt_rows=base_rows - sum(len(p.request.seqs) for p in sampling),
+                shares=self._finish_shares(speculating),
             )
         drafting = [(p, k) for p, k in zip(speculating, counts) if k > 0]
         if not drafting:
@@ -748,6 +771,13 @@ def _static_shapes(config: EngineConfig, model: LlamaModel) -> tuple[StaticShape
     shapes = StaticShapes.covering(2 * config.max_num_seqs, rows, config.max_model_len + rows,
                                    config.cache.block_size, trees=spec.enabled and spec.tree is not None)
     return shapes, cuda and not config.enforce_eager
+
+
+def _known_length(request: Request) -> bool:
+    """Whether the request runs to its max_tokens (LLMEngine._finish_shares)."""
+    params = request.params
+    return params.ignore_eos and params.max_tokens is not None and not params.stop \
+        and not params.stop_token_ids and request.grammar is None
 
 
 def _grammar_cut(requests: list[DraftRequest], batch: DraftBatch) -> DraftBatch:

@@ -56,6 +56,18 @@ see that one extra row can cost a whole padding step for everybody.
 Trees (TreeGate) use the same cost model, each request's whole tree or none of it: a tree's
 worth is measured as tokens per tree step rather than per-draft acceptance.
 
+What a token is worth depends on what waits. With requests queued, every token brings a
+free slot nearer: all tokens alike, the rate above. With nothing queued, the batch runs for as
+many steps as its longest request, and the fixed cost a is paid on every one of them: a draft
+of a request that would finish before the longest saves, when accepted, only its own row of a
+later step, and costs a row now, so it never pays; one of a request on the critical path
+saves a whole step. `allot` therefore values a request's tokens at r + s (in units of a), s
+its share of the batch's finish (`finish_shares`): 1/|C| for the requests C expected to run
+longest (remaining tokens over the tokens a step emits for it at its K; within FINISH_SLACK
+of the longest counts), 0 for the rest. The engine knows the remaining tokens only of
+requests that run to max_tokens (ignore_eos, no stop condition); with requests queued, or any
+whose EOS may come first, every request's share is 1/B, which is the rate above.
+
 K only changes speed: whatever K a request gets from its past, its output is exact. K does
 decide which random numbers a sampled request consumes, so the engine prices seeded sampled
 requests at batch size 1: their K then depends on their own history only, and they stay batch
@@ -66,7 +78,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,6 +95,10 @@ PROBE_BACKOFF = 16
 # bench/draft_cost.py's fits of one run differ as much), so drafts that only break even on
 # paper, which lose as often as they win, are left out.
 DRAFT_MARGIN = 0.03
+# How far short of the longest running request's expected remaining steps a request may fall
+# and still share the batch's finish (finish_shares): tokens per step are estimates, and
+# requests admitted a step or two apart run alike.
+FINISH_SLACK = 0.1
 # Acceptance assumed of a drafter before any of its drafts is judged, without declared classes.
 PRIOR = 0.3
 # Per judged draft, the decay of the count behind a class's prior that all requests share: about
@@ -137,6 +153,16 @@ class _Estimate:
 def free(depth: int, num_requests: int) -> float:
     """The draft cost of a drafter that costs nothing (Drafter.draft_cost's default)."""
     return 0.0
+
+
+def finish_shares(remaining_steps: Sequence[float]) -> list[float]:
+    """Each request's share of the batch's finish when nothing waits (module docstring): 1/|C|
+    for the requests C expected to run within FINISH_SLACK of the longest, 0 for the rest."""
+    if not remaining_steps:
+        return []
+    line = max(remaining_steps) * (1 - FINISH_SLACK) - 1
+    critical = [steps >= line for steps in remaining_steps]
+    return [1 / sum(critical) if c else 0.0 for c in critical]
 
 
 class _Gate(ABC):
@@ -293,6 +319,20 @@ class _Gate(ABC):
         are judged by (module docstring); where padding makes rows cost alike, what they add."""
         return self.row_cost * (padded_rows(base_rows) - padded_rows(base_rows - prompt_rows))
 
+    def _worth(self, claims: list[DraftClaim], shares: Sequence[float] | None, base_tokens: float,
+               ) -> tuple[float, list[float]]:
+        """What the step's tokens without drafts are worth, and what one more token of each
+        claim's request is, in units of a (module docstring): r + its share of the batch's finish."""
+        if shares is None:
+            shares = [1 / base_tokens] * len(claims)
+        elif len(shares) != len(claims):
+            raise ValueError(f"shares has {len(shares)} entries for {len(claims)} claims")
+        return self.row_cost * base_tokens + 1, [self.row_cost + s for s in shares]
+
+    @abstractmethod
+    def expected_tokens(self, request_id: str, slots: int) -> float:
+        """Tokens a step is expected to emit for the request with `slots` drafts."""
+
     def probing(self, request_id: str) -> bool:
         """Whether the request's last drafts came from a probe rather than from its acceptance."""
         e = self._estimates.get(request_id)
@@ -367,6 +407,9 @@ class AdaptiveK(_Gate):
         table = self.table(batch_size, declared, free_drafts=not self.priced(request_id))
         return table[round(self.alpha(request_id, declared) * 100)]
 
+    def expected_tokens(self, request_id: str, slots: int) -> float:
+        return expected_emitted_tokens(self.alpha(request_id), slots)
+
     def priced(self, request_id: str) -> bool:
         """Whether the request's drafts cost the drafter's calls: not those of a free class (the
         hybrid's lookup drafts beside its head, which the drafter's cost describes)."""
@@ -380,27 +423,32 @@ class AdaptiveK(_Gate):
         base_tokens: float,
         padded_rows: Callable[[int], int],
         prompt_rows: int = 0,
+        shares: Sequence[float] | None = None,
     ) -> list[int]:
         """Draft tokens per claim for one step (module docstring).
 
         base_rows: rows the step runs without the claims' drafts; base_tokens: tokens it emits
         without them (one per sampling request); padded_rows: rows a pass over R rows costs like;
-        prompt_rows: the rows of base_rows that feed prompt chunks rather than sampled tokens.
+        prompt_rows: the rows of base_rows that feed prompt chunks rather than sampled tokens;
+        shares: per claim, its request's share of the batch's finish (finish_shares over the
+        step's sampling requests, when nothing waits); None: every sampling request's alike.
         """
-        rows, tokens = base_rows, base_tokens
+        rows = base_rows
+        tokens, worth = self._worth(claims, shares, base_tokens)  # tokens: their worth, in units of a
         sunk = self._prompt_cost(base_rows, prompt_rows, padded_rows)
         depth = drafting = 0  # the fixed claims' deepest priced draft, and how many of them draft
-        # (expected tokens, j, rows, claim, priced: whether it costs the drafter's call) per optional draft
+        # (expected worth, j, rows, claim, priced: whether it costs the drafter's call) per optional draft
         gains: list[tuple[float, int, int, int, bool]] = []
         for i, claim in enumerate(claims):
             alpha, priced = self.alpha(claim.request_id), self.priced(claim.request_id)
             if claim.fixed:
                 rows += claim.slots * claim.rows_per_draft
-                tokens += expected_emitted_tokens(alpha, claim.slots) - 1
+                tokens += (expected_emitted_tokens(alpha, claim.slots) - 1) * worth[i]
                 if priced:
                     depth, drafting = max(depth, claim.slots), drafting + (claim.slots > 0)
             else:
-                gains.extend((alpha ** j, j, claim.rows_per_draft, i, priced) for j in range(1, claim.slots + 1))
+                gains.extend((alpha ** j * worth[i], j, claim.rows_per_draft, i, priced)
+                             for j in range(1, claim.slots + 1))
         # A request's j-th draft gains no more than its (j-1)-th and the sort is stable, so every
         # prefix of this order (of its drafts up to any depth cap) keeps a prefix of each
         # request's drafts: its first draft comes first, and makes it a drafting request.
@@ -471,6 +519,9 @@ class TreeGate(_Gate):
         e = self._estimates.get(request_id, _Estimate())
         return 1 + (e.accepted + self.prior_gain * self.prior_weight) / (e.judged + self.prior_weight)
 
+    def expected_tokens(self, request_id: str, slots: int) -> float:
+        return min(self.tokens(request_id), 1 + slots)
+
     def _tree_draft_cost(self, num_requests: int, declared: bool = False) -> float:
         return self._constants(declared)[1](self.depth, num_requests * math.ceil(self.nodes / self.depth))
 
@@ -491,13 +542,15 @@ class TreeGate(_Gate):
         base_tokens: float,
         padded_rows: Callable[[int], int],
         prompt_rows: int = 0,
+        shares: Sequence[float] | None = None,
     ) -> list[int]:
         """Nodes per claim for one step: all of its slots or none (AdaptiveK.allot's arguments)."""
-        rows, tokens, drafting = base_rows, base_tokens, 0
+        rows, drafting = base_rows, 0
+        tokens, worth = self._worth(claims, shares, base_tokens)
         sunk = self._prompt_cost(base_rows, prompt_rows, padded_rows)
-        optional: list[tuple[float, int, int]] = []  # (expected extra tokens, rows, claim)
+        optional: list[tuple[float, int, int]] = []  # (worth of the expected extra tokens, rows, claim)
         for i, claim in enumerate(claims):
-            gain = min(self.tokens(claim.request_id) - 1, claim.slots)
+            gain = (self.expected_tokens(claim.request_id, claim.slots) - 1) * worth[i]
             if claim.fixed:
                 rows, tokens = rows + claim.slots * claim.rows_per_draft, tokens + gain
                 drafting += claim.slots > 0
