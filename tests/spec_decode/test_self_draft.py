@@ -2,8 +2,8 @@
 the request's pipeline over the int4 copy's logits and verified against the full-precision
 target, so the output follows the target exactly: chi-square (false alarm 1e-6) plain, with top-p
 and with CFG; the copy's own samples, the wrong variant, fail the same test. Likewise an EAGLE
-head with int8 products (quantize_linears_, as LLM runs one on a quantized target) drafting for
-a 4-bit target."""
+head with quantized products (quantize_linears_, in the bits LLM gives it on a quantized
+target) drafting for a 4-bit target."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from verispec.runtime.kv_cache import BlockManager
 from verispec.runtime.runner import Feed, ModelRunner
 from verispec.model import AttentionMetadata
 from verispec.sample.reference import reference_probs
+from verispec.engine.llm import HEAD_BITS
 from verispec.model.quant.linear import QuantLinear, quantize_linears_
 from verispec.spec_decode.draft_model import DraftModelDrafter
 from verispec.spec_decode.eagle import EagleDrafter
@@ -87,10 +88,12 @@ def test_the_int4_copys_own_samples_fail_the_same_test() -> None:
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled-layer", "torch-layer"])
-def test_an_int8_eagle_head_on_a_4_bit_target_keeps_the_output_exact(compiled: bool) -> None:
+def test_a_quantized_eagle_head_on_a_4_bit_target_keeps_the_output_exact(compiled: bool) -> None:
     target = tiny_model(**TARGET, quantization=(4, 32))
     head = new_head(HeadConfig.for_target("eagle", target.config), target, torch.arange(VOCAB))
-    assert quantize_linears_(head) == sum(isinstance(m, QuantLinear) for m in head.modules()) > 0
+    # In the blocks LLM gives it on a quantized target.
+    assert quantize_linears_(head, bits=HEAD_BITS["eagle"]) == sum(isinstance(m, QuantLinear)
+                                                                  for m in head.modules()) > 0
     if compiled and not head.compile_layer():  # as LLM does on a quantized target
         pytest.skip("the compiled kernels are not built here")
     engine = fixed_k_engine(target, EagleDrafter(head, num_blocks=8192, block_size=4), max_seqs=1024,
