@@ -65,8 +65,8 @@ saves a whole step. `allot` therefore values a request's tokens at r + s (in uni
 its share of the batch's finish (`finish_shares`): 1/|C| for the requests C expected to run
 longest (remaining tokens over the tokens a step emits for it at its K; within FINISH_SLACK
 of the longest counts), 0 for the rest. The engine knows the remaining tokens only of
-requests that run to max_tokens (ignore_eos, no stop condition); with requests queued, or any
-whose EOS may come first, every request's share is 1/B, which is the rate above.
+requests that run to max_tokens (ignore_eos, no stop condition or grammar); with requests
+queued, or any whose EOS may come first, every request's share is 1/B, the rate above.
 
 K only changes speed: whatever K a request gets from its past, its output is exact. K does
 decide which random numbers a sampled request consumes, so the engine prices seeded sampled
@@ -431,7 +431,7 @@ class AdaptiveK(_Gate):
         without them (one per sampling request); padded_rows: rows a pass over R rows costs like;
         prompt_rows: the rows of base_rows that feed prompt chunks rather than sampled tokens;
         shares: per claim, its request's share of the batch's finish (finish_shares over the
-        step's sampling requests, when nothing waits); None: every sampling request's alike.
+        running requests, when nothing waits); None: every sampling request's alike.
         """
         rows = base_rows
         tokens, worth = self._worth(claims, shares, base_tokens)  # tokens: their worth, in units of a
