@@ -225,7 +225,7 @@ class EagleHead(_Head):
         """Runs the decoder layer as one compiled call (verispec.model.quant.decoder, row-by-row
         attention over the head's float32 cache) from now on, where the stack runs its weights
         (in panels after quantize_linears_, or float32 on the CPU); returns whether it does. The
-        stack has no backward: for inference only (LLM calls it for an int8 head on a quantized
+        stack has no backward: for inference only (LLM calls it for a quantized head on a quantized
         target). A draft position then costs 0.083 of the 4-bit target's step instead of 0.14
         with the layer's torch operations (bench/draft_cost.py)."""
         self._stack = build_stack([self.layer], [0], [0])
