@@ -534,9 +534,9 @@ class LLMEngine:
         while requests wait for a slot (every token alike brings the next one in), and unless
         every running request's length is known: it ignores EOS and has no stop condition or
         grammar, so it runs to its max_tokens. Where EOS may end requests, which one runs
-        longest is anybody's guess: of the 16 answers of bench/drafters.py's batch, 6 reached
-        max_tokens, and a copying answer that EOS would end last drafting nothing while the
-        others run, as a max_tokens estimate would have it, loses what its drafts save alone."""
+        longest is anybody's guess (of the 16 answers of bench/drafters.py's batch, 6 reached
+        max_tokens): an estimate from max_tokens would stop a copying answer's drafts while
+        the others run, and if EOS ended those first, it would then run alone, slower."""
         running = self.scheduler.running
         if self.scheduler.waiting or not all(_known_length(r) for r in running):
             return None
