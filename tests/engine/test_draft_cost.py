@@ -27,9 +27,9 @@ def target():
     return tiny_model(seed=0, scale=3.0)
 
 
-def engine(target, drafter, draft_cost: DraftCost | None = None) -> LLMEngine:
-    config = EngineConfig(max_model_len=512, cache=CacheConfig(4, 256), speculative=SpeculativeConfig(
-        method="ngram", num_speculative_tokens=4, draft_cost=draft_cost))
+def engine(target, drafter, draft_cost: DraftCost | None = None, max_num_seqs: int = 64) -> LLMEngine:
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=512, cache=CacheConfig(4, 256),
+                          speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=4, draft_cost=draft_cost))
     return LLMEngine(target, word_tokenizer(), config, drafter)
 
 
@@ -62,9 +62,8 @@ def test_in_a_closed_batch_a_request_that_finishes_first_does_not_draft(target) 
     long = dataclasses.replace(GREEDY, max_tokens=96)
     other = [9, 7, 13, 11, 14, 5]
 
-    def short_drafts(prompts, params, max_num_seqs: int = 4) -> int:
-        e = engine(target, NgramDrafter(1, 3, 4))
-        e = LLMEngine(target, word_tokenizer(), dataclasses.replace(e.config, max_num_seqs=max_num_seqs), e.drafter)
+    def short_drafts(prompts, params, max_num_seqs: int = 4) -> tuple[int, list[list[int]]]:
+        e = engine(target, NgramDrafter(1, 3, 4), max_num_seqs=max_num_seqs)
         ids = [e.add_request(p, q) for p, q in zip(prompts, params)]
         done = run_all(e)
         return done[ids[0]].stats.num_draft_tokens, [done[i].token_ids for i in ids]

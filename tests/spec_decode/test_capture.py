@@ -177,7 +177,7 @@ def test_a_stepped_aside_hybrid_captures_nothing_for_its_lookup_drafts() -> None
         if aside:
             engine.adaptive._backoff = PROBE_BACKOFF
         engine.drafter.draft_class = lambda request_id, token_ids: 3  # a 3-token match, every step
-        tokens, _ = _generate(engine, params)
+        _generate(engine, params)
         ks = engine.adaptive.table(1, free_drafts=True)
         assert ks[round(engine.adaptive.class_prior(3) * 100)] > 0  # the lookup's K: above 0
         steps = passes[1:]  # after the prompt's pass

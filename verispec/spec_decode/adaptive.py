@@ -45,9 +45,9 @@ step's cost, a + b·rows(R) + a·D(depth, n) where rows(R) is what a pass over R
 is the most drafts any request keeps. Rows of prompt chunks in the step are left out of the
 yardstick (their price is the prompt's): counted in, a step with a long chunk emits so few
 tokens per unit of its cost that drafts accepted one time in ten looked worth their rows (at
-batch 16 on the 4-bit target, drafts of acceptance 0.09-0.27 ran in such steps). Kept are
-the drafts with the largest expected gain (alpha^j for a
-request's j-th draft) are kept while they raise the expected tokens per unit of cost, every
+batch 16 on the 4-bit target, drafts of acceptance 0.09-0.27 ran in such steps). The drafts
+with the largest expected gain (alpha^j for a request's j-th draft) are kept while they raise
+the expected tokens per unit of cost, every
 prefix of that order priced with its own rows, depth and drafting requests, and the search is
 repeated with each cap on the depth (a drafter that runs one pass per position can pay more
 for one request's fourth draft than for four requests' first). A K chosen per request cannot
