@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "decoder.h"
+#include "eagle_chain.h"
 #include "f32linear.h"
 #include "qlinear.h"
 
@@ -111,4 +112,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
            py::arg("product"))
       .def_property_readonly("num_layers", &verispec::DecoderStack::num_layers)
       .def_property_readonly("has_head", &verispec::DecoderStack::has_head);
+  py::class_<verispec::EagleChain>(module, "EagleChain")
+      .def(py::init<py::object, const py::dict&, int64_t, torch::Tensor, torch::Tensor, double>(),
+           py::arg("stack"), py::arg("linears"), py::arg("fused_layers"),
+           py::arg("vocab_embeddings"), py::arg("vocab"), py::arg("eps"))
+      .def("draft", &verispec::EagleChain::draft, py::arg("inputs"), py::arg("embeddings"),
+           py::arg("cos"), py::arg("sin"), py::arg("kv_caches"), py::arg("slots"),
+           py::arg("first_plan"), py::arg("logits_rows"), py::arg("block_tables"),
+           py::arg("chain_start"), py::arg("depths"), py::arg("first_products"),
+           py::arg("chain_products"), py::arg("head_product"));
 }

@@ -149,6 +149,14 @@ void write_cache(const float* qkv, int64_t width, int64_t rows, int64_t heads, i
 
 }  // namespace
 
+LinearLayer linear_from(const py::dict& spec, const char* key) { return linear_of(spec, key); }
+
+void project_rows(const LinearLayer& linear, const float* x, int64_t rows, int64_t in,
+                  int64_t product, Kernel kernel, const std::string& isa, QuantizedRows& scratch,
+                  float* y) {
+  project(linear, x, rows, in, product, kernel, isa, scratch, y);
+}
+
 DecoderStack::DecoderStack(const std::vector<py::dict>& layers, int64_t heads, int64_t kv_heads,
                            int64_t head_dim, int64_t intermediate, double eps, bool gelu,
                            double scale, double softcap, const std::string& isa,

@@ -44,6 +44,15 @@ struct LayerWeights {
   int64_t plan = 0;  // index into forward's plans
 };
 
+// The linear layer described by spec[key]: (parts, bias) as DecoderStack's layers take them.
+LinearLayer linear_from(const pybind11::dict& spec, const char* key);
+
+// y [rows, out] = x [rows, in] times the layer's weight transposed, plus its bias (quantized
+// parts: x quantized once into `scratch`; a dense weight: as `product` says).
+void project_rows(const LinearLayer& linear, const float* x, int64_t rows, int64_t in,
+                  int64_t product, Kernel kernel, const std::string& isa, QuantizedRows& scratch,
+                  float* y);
+
 class DecoderStack {
  public:
   // layers: one dict per layer (keys as LayerWeights' fields; a linear is (parts, bias), parts
@@ -80,6 +89,8 @@ class DecoderStack {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   bool has_head() const { return final_norm_.defined(); }
+  Kernel kernel() const { return kernel_; }
+  const std::string& f32_isa() const { return f32_isa_; }
 
  private:
   std::vector<LayerWeights> layers_;

@@ -20,12 +20,13 @@ from verispec.sample.reference import reference_probs
 from verispec.engine.llm import HEAD_BITS
 from verispec.model.quant.linear import QuantLinear, quantize_linears_
 from verispec.spec_decode.draft_model import DraftModelDrafter
+from verispec.spec_decode.base import DraftRequest, FedTokens
 from verispec.spec_decode.eagle import EagleDrafter
 from verispec.spec_decode.heads import HeadConfig, new_head
 
 from ..stats import chi_square
 from ..tiny import run_all, tiny_engine, tiny_model
-from .test_learned import _engine as fixed_k_engine
+from .test_learned import _engine as fixed_k_engine, _greedy as greedy_outputs
 
 VOCAB, PROMPT, NEGATIVE = 8, [1, 2, 3], [5, 6]
 # int4 in groups of 32 moves the first token's distribution by a total variation of 0.09 here:
@@ -87,10 +88,12 @@ def test_the_int4_copys_own_samples_fail_the_same_test() -> None:
     assert not _pairs_fit(target, pairs, params)
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-layer", "torch-layer"])
-def test_a_quantized_eagle_head_on_a_4_bit_target_keeps_the_output_exact(compiled: bool) -> None:
+@pytest.mark.parametrize("compiled, fused", [(True, False), (False, False), (True, True)],
+                         ids=["compiled-layer", "torch-layer", "compiled-fused-head"])
+def test_a_quantized_eagle_head_on_a_4_bit_target_keeps_the_output_exact(compiled: bool, fused: bool) -> None:
+    """fused: the shipped head's kind (EAGLE-3), whose compiled stack also computes its logits."""
     target = tiny_model(**TARGET, quantization=(4, 32))
-    head = new_head(HeadConfig.for_target("eagle", target.config), target, torch.arange(VOCAB))
+    head = new_head(HeadConfig.for_target("eagle", target.config, fused=fused), target, torch.arange(VOCAB))
     # In the blocks LLM gives it on a quantized target.
     assert quantize_linears_(head, bits=HEAD_BITS["eagle"]) == sum(isinstance(m, QuantLinear)
                                                                   for m in head.modules()) > 0
@@ -137,3 +140,108 @@ def test_the_compiled_eagle_layer_computes_the_torch_layers_features() -> None:
     # Measured: 1.9e-7 of the largest value (int8 activations can turn a rounding difference
     # into another rounding of a value; a wrong weight or rotary would move them by far more).
     assert (compiled - layers).abs().max() < 1e-3 * layers.abs().max()
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-layer", "torch-layer"])
+def test_chained_draft_rows_compute_what_planned_rows_do(compiled: bool) -> None:
+    """A draft position after the first feeds one token per request with its rows laid out on
+    the device (ModelRunner.chain_inputs) and takes its logits through row_logits (in the
+    compiled stack for a fused head): the same features and logits as rows planned from host
+    lists and the head's own logits (two requests with different contexts, so that a row
+    reading the other's cache or position would show)."""
+    target = tiny_model(**TARGET, quantization=(4, 32))
+    head = new_head(HeadConfig.for_target("eagle", target.config, fused=True), target, torch.arange(VOCAB))
+    quantize_linears_(head, bits=HEAD_BITS["eagle"])
+    if compiled and not head.compile_layer():
+        pytest.skip("the compiled kernels are not built here")
+    gen = torch.Generator().manual_seed(1)
+    features = torch.randn(10, target.config.hidden_size, generator=gen)
+    ids = torch.randint(0, VOCAB, (10,), generator=gen).tolist()
+
+    def run(chain: bool) -> tuple[torch.Tensor, torch.Tensor]:  # [2, d] features, [2, N] logits
+        blocks = BlockManager(16, 4)
+        runner = ModelRunner(head, blocks)
+        blocks.allocate("a", 6)
+        blocks.allocate("b", 4)
+        with torch.no_grad():
+            step = runner.inputs([Feed("a", ids[:5], 0, 1), Feed("b", ids[5:8], 0, 1)])
+            head(features[:8], step.input_ids, step.positions, step.attn, runner.kv_caches)
+            feeds = [Feed("a", [ids[8]], 5, 1), Feed("b", [ids[9]], 3, 1)]
+            step = runner.chain_inputs(feeds) if chain else runner.inputs(feeds)
+            out = head(features[8:], step.input_ids, step.positions, step.attn, runner.kv_caches)
+            return out, head.row_logits(out, step.logits_rows)
+
+    planned, planned_logits = run(chain=False)
+    chained, chained_logits = run(chain=True)
+    with torch.no_grad():
+        own = head.logits(planned)
+    # Measured: the features equal through the compiled layer and 1.5e-7 of the largest value
+    # apart through the torch layer (its planned rows attend in a padded SDPA call, its chained
+    # ones row by row), the stack's logits 2e-7 from the head's own; a row attending from the
+    # wrong position fails.
+    assert (chained - planned).abs().max() < 1e-5 * planned.abs().max()
+    assert (planned_logits - own).abs().max() < 1e-5 * own.abs().max()
+    assert (chained_logits - planned_logits).abs().max() < 1e-3 * own.abs().max()
+
+
+def test_greedy_chains_in_one_compiled_call_draft_what_the_passes_from_python_do() -> None:
+    """A quantized fused head drafts greedy requests in one compiled call (EagleHead.greedy_drafts):
+    the same drafts as its pass-by-pass path from Python (the same tokens accepted), requests
+    ending at different steps drafting to different depths, and the output plain decoding's."""
+    target = tiny_model(**TARGET, quantization=(4, 32))
+    calls = []
+
+    def drafter(one_call: bool) -> EagleDrafter:
+        head = new_head(HeadConfig.for_target("eagle", target.config, fused=True), target, torch.arange(VOCAB))
+        quantize_linears_(head, bits=HEAD_BITS["eagle"])
+        if not head.compile_layer() or not head.drafts_in_one_call:
+            pytest.skip("the compiled kernels are not built here")
+        if one_call:
+            chains = head.greedy_drafts
+            head.greedy_drafts = lambda *args: calls.append(args[-1]) or chains(*args)
+        else:
+            head._chain = None  # the pass-by-pass path
+        return EagleDrafter(head, num_blocks=1024, block_size=4)
+
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 0, 1, 2], [3], [5, 5, 5, 5], [2, 4, 6, 0]]
+    plain, _ = greedy_outputs(fixed_k_engine(target, None), prompts)
+    chained, accepted = greedy_outputs(fixed_k_engine(target, drafter(one_call=True)), prompts)
+    passes, accepted_by_passes = greedy_outputs(fixed_k_engine(target, drafter(one_call=False)), prompts)
+    assert chained == plain == passes
+    assert accepted == accepted_by_passes > 0
+    assert any(len(set(depths)) > 1 for depths in calls)  # a call with requests at different depths
+
+
+def test_a_greedy_chain_in_one_call_writes_and_drafts_what_the_passes_do() -> None:
+    """One propose call for three requests at depths 1, 3 and 4, through the compiled chain and
+    pass by pass: the same drafts, and the same keys and values in the same slots of the head's
+    cache (a later row at the wrong position or slot changes them)."""
+    vocab = 64
+    target = tiny_model(seed=5, vocab=vocab, quantization=(4, 32))
+    head = new_head(HeadConfig.for_target("eagle", target.config, fused=True), target, torch.arange(vocab))
+    quantize_linears_(head, bits=HEAD_BITS["eagle"])
+    if not head.compile_layer() or not head.drafts_in_one_call:
+        pytest.skip("the compiled kernels are not built here")
+    chain = head._chain
+    gen = torch.Generator().manual_seed(2)
+    contexts = {"a": (5, 1), "b": (9, 3), "c": (3, 4)}  # request: (tokens, depth)
+    tokens = {rid: torch.randint(0, vocab, (n,), generator=gen).tolist() for rid, (n, _) in contexts.items()}
+    width = len(head.config.fused_layers) * target.config.hidden_size
+    hidden = {rid: torch.randn(n, width, generator=gen) * 3 for rid, (n, _) in contexts.items()}
+
+    def run(one_call: bool) -> tuple[list[list[int]], torch.Tensor]:
+        head._chain = chain if one_call else None  # None: the pass-by-pass path
+        drafter = EagleDrafter(head, num_blocks=64, block_size=4)
+        for rid in contexts:
+            drafter.observe([FedTokens(rid, 0, tokens[rid], 0)], hidden[rid])
+        batch = drafter.propose([DraftRequest(rid, tokens[rid], depth, SamplingParams(temperature=0), 0, 0)
+                                 for rid, (_, depth) in contexts.items()])
+        return batch.token_ids, drafter.runner.kv_caches[0].clone()
+
+    chained, chained_cache = run(one_call=True)
+    passes, passes_cache = run(one_call=False)
+    assert [len(d) for d in chained] == [1, 3, 4]
+    assert chained == passes
+    # Measured: 2e-7 of the largest value apart (each fused layer's unit norm rounds differently
+    # in C++ than torch's); a wrong position or slot moves keys and values by far more.
+    assert (chained_cache - passes_cache).abs().max() < 1e-4 * passes_cache.abs().max()

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ..model import AttentionMetadata, LlamaModel
-from ..model.attention import check_parents, new_positions
+from ..model.attention import RowLayout, check_parents, new_positions
 from .cuda_graphs import StepGraphs
 from .kv_cache import BlockManager
 from .static_step import StaticInputs, StaticShapes, StaticStep
@@ -190,3 +190,24 @@ class ModelRunner:
             trees=trees if any(t is not None for t in trees) else None,
         )
         return StepInputs(tensor(ids), tensor(positions), attn, tensor(logits_rows))
+
+    def chain_inputs(self, feeds: Sequence[Feed]) -> StepInputs:
+        """`inputs` for feeds of one token each that all need logits (a drafter's draft
+        positions after its first), with the rows laid out on the device (AttentionMetadata.rows)
+        rather than planned from host lists: for a pass of a few rows through a one-layer head,
+        that planning cost more than the pass."""
+        if any(len(f.token_ids) != 1 or f.num_logits != 1 or f.parents is not None for f in feeds):
+            raise ValueError("chain_inputs takes feeds of one token each, with its logits and no tree")
+        tables = [self.blocks.block_table(f.seq_id, hole=0) for f in feeds]
+        width = max(len(t) for t in tables)
+        columns = torch.tensor([[f.token_ids[0] for f in feeds], [f.start for f in feeds],
+                                [self.blocks.slot_mapping(f.seq_id, f.start, f.start + 1)[0] for f in feeds]],
+                               dtype=torch.int64).to(self.device, non_blocking=True)  # [3, R]
+        ids, positions, slots = columns
+        count = torch.arange(len(feeds) + 1, dtype=torch.int64, device=self.device)
+        rows = RowLayout(count[:-1], positions + 1, positions, positions,
+                         torch.zeros((len(feeds), 0), dtype=torch.bool, device=self.device),
+                         torch.zeros_like(positions))
+        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
+        attn = AttentionMetadata(count, positions + 1, slots, padded.to(self.device, non_blocking=True), rows=rows)
+        return StepInputs(ids, positions, attn, count[:-1])

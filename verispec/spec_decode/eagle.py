@@ -46,7 +46,7 @@ import torch
 from ..config import DraftCost, DynamicTree
 from ..runtime.kv_cache import BlockManager
 from ..runtime.prefix_cache import block_hash, extend_chain, identity_key
-from ..runtime.runner import Feed, ModelRunner
+from ..runtime.runner import Feed, ModelRunner, StepInputs
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
 from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab
 from .features import FeatureStore
@@ -123,20 +123,22 @@ class EagleDrafter(Drafter):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftBatch:
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
-        feeds, features, active = self._start(requests, lambda r: r.num_draft_tokens - 1)
+        feeds, hidden, active = self._start(requests, lambda r: r.num_draft_tokens - 1)
         if not active:
             return DraftBatch(drafts)
         sampling = draft_metadata(requests, self.runner.device)
+        step = self.runner.inputs(feeds)
+        if sampling is None and self.head.drafts_in_one_call:
+            return DraftBatch(self._greedy_chains(requests, active, step, torch.cat(hidden)))
+        fed = self.head.features(torch.cat(hidden))
         position = 0
         while active:
-            step = self.runner.inputs(feeds)
-            predicted = self.head(torch.cat(features), step.input_ids, step.positions, step.attn,
-                                  self.runner.kv_caches).index_select(0, step.logits_rows)
+            outputs = self.head(fed, step.input_ids, step.positions, step.attn, self.runner.kv_caches)
             tokens, q, usable = sample_from_draft_vocab(
-                sampling, active, [drafts[i] for i in active], self.head.logits(predicted),
+                sampling, active, [drafts[i] for i in active], self.head.row_logits(outputs, step.logits_rows),
                 self.head.draft_vocab, self.head.config.target_vocab_size, position)
             position += 1
-            still, feeds, features = [], [], []
+            still, feeds, kept = [], [], []
             for r, (i, token) in enumerate(zip(active, tokens)):
                 if not usable[r]:
                     continue
@@ -147,11 +149,37 @@ class EagleDrafter(Drafter):
                     rid = requests[i].request_id
                     start = len(requests[i].token_ids) - 1 + position - 1
                     feeds.append(Feed(rid, [token], start, 1))
-                    features.append(predicted[r : r + 1])
+                    kept.append(r)
                     still.append(i)
             active = still
+            if active:
+                # Each drafting request's predicted feature: its row among the logit rows.
+                rows_kept = step.logits_rows if len(kept) == len(step.logits_rows) else step.logits_rows[kept]
+                fed = outputs.index_select(0, rows_kept)
+                step = self.runner.chain_inputs(feeds)
         flat = [q for per_request in rows for q in per_request]
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
+
+    def _greedy_chains(self, requests: Sequence[DraftRequest], active: list[int], step: StepInputs,
+                       hidden: torch.Tensor,  # [T, n * d] the first pass's stored hidden states
+                       ) -> list[list[int]]:
+        """propose's drafts for greedy requests, in one compiled call (EagleHead.greedy_drafts):
+        the first pass as `step` plans it, then draft position s of request r at its newest
+        token's position + s - 1, in the slots _sync reserved."""
+        depths = [requests[i].num_draft_tokens for i in active]
+        starts = [len(requests[i].token_ids) - 1 for i in active]
+        slots = [self.blocks.slot_mapping(requests[i].request_id, start, start + depth - 1)
+                 for i, start, depth in zip(active, starts, depths)]
+        later = [(start + s - 1, own[s - 1] if s < depth else 0)
+                 for s in range(1, max(depths)) for start, depth, own in zip(starts, depths, slots)]
+        positions, later_slots = torch.tensor(later, dtype=torch.int64).reshape(-1, 2).T
+        chains = self.head.greedy_drafts(hidden, step.input_ids, step.positions, step.attn, step.logits_rows,
+                                         self.runner.kv_caches, positions.contiguous(), later_slots.contiguous(),
+                                         step.attn.block_tables, starts, depths)
+        drafts: list[list[int]] = [[] for _ in requests]
+        for i, chain in zip(active, chains):
+            drafts[i] = chain
+        return drafts
 
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,
@@ -160,11 +188,11 @@ class EagleDrafter(Drafter):
         drawn without replacement for sampled ones (spec_decode/trees.py)."""
         # The most nodes a level feeds: a static tree's whole budget at most.
         fed_rows = shape.max_fed_nodes() if isinstance(shape, DynamicTree) else None
-        feeds, features, active = self._start(requests, lambda r: fed_rows or r.num_draft_tokens)
+        feeds, hidden, active = self._start(requests, lambda r: fed_rows or r.num_draft_tokens)
         if not active:
             return TreeBatch.empty(len(requests))
         step = self.runner.inputs(feeds)
-        roots = self.head(torch.cat(features), step.input_ids, step.positions, step.attn,
+        roots = self.head(self.head.features(torch.cat(hidden)), step.input_ids, step.positions, step.attn,
                           self.runner.kv_caches).index_select(0, step.logits_rows)  # [R, d]
         # Per active request: the predicted feature each expanded node hands its children (-1: the root's).
         outputs: list[dict[int, torch.Tensor]] = [{-1: roots[r]} for r in range(len(active))]
@@ -203,16 +231,16 @@ class EagleDrafter(Drafter):
         if not synced:
             return
         step = self.runner.inputs([feed for feed, _ in synced])
-        self.head(torch.cat([features for _, features in synced]), step.input_ids, step.positions, step.attn,
+        self.head(self.head.features(torch.cat([hidden for _, hidden in synced])), step.input_ids, step.positions, step.attn,
                   self.runner.kv_caches)
         for rid, tokens in requests:
             self._publish(rid, tokens)
 
     def _start(self, requests: Sequence[DraftRequest], draft_rows: Callable[[DraftRequest], int],
                ) -> tuple[list[Feed], list[torch.Tensor], list[int]]:
-        """The first head pass's feeds and their features ([rows, d] each), for the requests
-        that draft this step (their indices); `draft_rows` of a request: the slots its
-        drafting needs after the confirmed positions."""
+        """The first head pass's feeds and their stored hidden states ([rows, n * d] each), for
+        the requests that draft this step (their indices); `draft_rows` of a request: the slots
+        its drafting needs after the confirmed positions."""
         feeds, features, active = [], [], []
         for i, request in enumerate(requests):
             synced = self._sync(request.request_id, request.token_ids, draft_rows(request)) \
@@ -232,8 +260,9 @@ class EagleDrafter(Drafter):
 
     def _sync(self, rid: str, tokens: Sequence[int], draft_rows: int) -> tuple[Feed, torch.Tensor] | None:
         """Rolls the head's cache back to its confirmed positions and returns the feed of the
-        newly confirmed ones with their features ([rows, d]); reserves `draft_rows` slots
-        after them for drafting. None when the request cannot draft this step."""
+        newly confirmed ones with their stored hidden states ([rows, n * d], the head's features
+        of them: EagleHead.features); reserves `draft_rows` slots after them for drafting. None
+        when the request cannot draft this step."""
         newest = len(tokens) - 1
         self.store.confirm(rid, tokens)
         confirmed = self._confirmed.get(rid, 0)
@@ -254,7 +283,7 @@ class EagleDrafter(Drafter):
         hole = self.store.first_hole(rid, confirmed, newest)
         if hole is not None:
             self._holes.setdefault(rid, hole)
-        features = self.head.features(self.store.features(rid, confirmed, newest))
+        hidden = self.store.features(rid, confirmed, newest)
         self._confirmed[rid] = newest
         self.store.drop_before(rid, newest)
-        return Feed(rid, list(tokens[confirmed + 1 :]), confirmed, 1), features
+        return Feed(rid, list(tokens[confirmed + 1 :]), confirmed, 1), hidden

@@ -41,7 +41,7 @@ from ..model import AttentionMetadata, LlamaModel, ModelConfig
 from ..model.attention import AttentionPlan
 from ..model.linear import Linear
 from ..model.llama import DecoderLayer, rms_norm
-from ..model.quant.decoder import build_stack, stack_products
+from ..model.quant.decoder import build_eagle_chain, build_stack, product_code, stack_products
 from ..model.rotary import RotaryEmbedding
 
 KINDS = ("eagle", "medusa")
@@ -199,6 +199,7 @@ class EagleHead(_Head):
         self.layer = DecoderLayer(config.layer_config(), target.dtype, target.device, target.widening)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, target.dtype, target.device)
         self._stack = None  # the layer as one compiled call (compile_layer), or None
+        self._chain = None  # a fused head's greedy drafting as one compiled call (compile_layer), or None
         if config.fused_layers:
             self.fuse = Linear(len(config.fused_layers) * d, d, target.dtype, target.device, target.widening)
             self.norm = nn.Parameter(torch.ones(2 * d, dtype=target.dtype, device=target.device))  # doubled, see rms_norm
@@ -209,13 +210,25 @@ class EagleHead(_Head):
         n, d = len(self.config.fused_layers), self.config.hidden_size
         # Each layer at unit RMS: hidden states grow with depth (SmolLM2-135M: median RMS 2.6 at
         # layer 2, 24 at layer 27, some tokens' 1,000), and fuse would read mostly the deepest.
-        unit = F.rms_norm(hidden.reshape(-1, n, d), (d,), eps=self.config.rms_norm_eps)
+        # As torch's layer_norm over [x, -x] (model/llama.py rms_norm): F.rms_norm runs as ~10 ops.
+        rows = hidden.reshape(-1, n, d)
+        unit = F.layer_norm(torch.cat((rows, -rows), dim=-1), (2 * d,), eps=self.config.rms_norm_eps)[..., :d]
         return self.fuse(unit.reshape(-1, n * d))
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:  # [R, d] -> [R, N] float32
         if not self.config.fused_layers:
             return super().logits(features)
         return super().logits(rms_norm(features, self.norm, self.config.rms_norm_eps))
+
+    def row_logits(
+        self, outputs: torch.Tensor,  # [T, d] forward's
+        rows: torch.Tensor,  # [R] int64, the rows of `outputs` to take
+    ) -> torch.Tensor:  # [R, N] float32
+        """`logits` of some of forward's rows: for a fused head with the layer compiled, its
+        norm and LM head run in the compiled stack, one call."""
+        if self._stack is not None and self._stack.has_head:
+            return self._stack.logits(outputs, rows, product_code(self.lm_head, len(rows)))
+        return self.logits(outputs.index_select(0, rows))
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
@@ -227,9 +240,48 @@ class EagleHead(_Head):
         (in panels after quantize_linears_, or float32 on the CPU); returns whether it does. The
         stack has no backward: for inference only (LLM calls it for a quantized head on a quantized
         target). A draft position then costs 0.083 of the 4-bit target's step instead of 0.14
-        with the layer's torch operations (bench/draft_cost.py)."""
-        self._stack = build_stack([self.layer], [0], [0])
+        with the layer's torch operations (bench/draft_cost.py). A fused head's norm and LM head
+        run in the stack too (row_logits)."""
+        self._stack = build_stack([self.layer], [0], [0], self.norm if self.config.fused_layers else None,
+                                  self.lm_head)
+        if self._stack is not None and self.config.fused_layers:
+            with torch.no_grad():
+                table = self._target_embed(self.draft_vocab)  # [N, d]
+            self._chain = build_eagle_chain(self._stack, self.fc, self.fuse, len(self.config.fused_layers),
+                                            table, self.draft_vocab, self.config.rms_norm_eps)
         return self._stack is not None
+
+    @property
+    def drafts_in_one_call(self) -> bool:
+        """Whether greedy_drafts runs (compile_layer built the compiled chain)."""
+        return self._chain is not None
+
+    def greedy_drafts(
+        self,
+        hidden: torch.Tensor,  # [T, len(fused_layers) * d] the catch-up rows' target hidden states
+        input_ids: torch.Tensor,  # [T] int64, x_{t+1} of each catch-up row
+        positions: torch.Tensor,  # [T] int64
+        attn: AttentionMetadata,  # of the catch-up rows in the head's cache
+        logits_rows: torch.Tensor,  # [R] int64, each request's last catch-up row
+        kv_caches: list[torch.Tensor],
+        later_positions: torch.Tensor,  # [(D - 1) R] int64, position s's row of request r at (s - 1) R + r
+        later_slots: torch.Tensor,  # [(D - 1) R] int64, those rows' cache slots
+        block_tables: torch.Tensor,  # [R, W] int64, each request's blocks
+        chain_start: list[int],  # per request, the position of its first later row
+        depths: list[int],  # per request, its drafts (>= 1); D = max(depths)
+    ) -> list[list[int]]:
+        """Each request's greedy drafts (the first maximum of the draft logits at every
+        position), the whole chain in one compiled call (csrc/eagle_chain.h): what `forward`
+        and `row_logits` compute position by position, without Python between the positions."""
+        cos, sin = self.rotary.angles(torch.cat((positions, later_positions)))
+        drafts = self._chain.draft(
+            hidden.contiguous(), self._target_embed(input_ids).float().contiguous(), cos.contiguous(),
+            sin.contiguous(), kv_caches, torch.cat((attn.slot_mapping, later_slots)),
+            AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True).rows.tensors(), logits_rows,
+            block_tables, torch.tensor(chain_start, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64),
+            stack_products(self.layer, len(input_ids)), stack_products(self.layer, len(depths)),
+            product_code(self.lm_head, len(depths)))
+        return [row[:depth] for row, depth in zip(drafts.tolist(), depths)]
 
     def forward(
         self,
