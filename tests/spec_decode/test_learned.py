@@ -161,6 +161,24 @@ def test_all_greedy_calls_draft_the_argmax_of_the_full_pipeline() -> None:
     assert q is not None and tokens == [1] * 6
 
 
+def test_sampled_drafts_over_a_reduced_vocabulary_draw_from_the_full_pipelines_q() -> None:
+    """Without penalties, bias, masks or grammar a head's q is built over its own columns and
+    widened: the full pipeline's q over the widened logits (temperature, top-k, top-p, min-p),
+    and each request's draft is drawn from it (chi-square at false alarm 1e-6 over 20,000
+    requests; the unfiltered softmax, what a wrong pipeline would give, fails the same test)."""
+    n, vocab = 20_000, torch.tensor([1, 4, 5, 9, 12, 13])
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.2, -1.0, 0.8]]).expand(n, -1)
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.95, min_p=0.05)
+    sampling = SamplingMetadata.from_params([params] * n, seeds=list(range(n)))
+    tokens, q, usable = sample_from_draft_vocab(sampling, list(range(n)), [[]] * n, logits, vocab, 16, 0)
+    full = process_logits(widen_vocab(logits[:1], vocab, 16), torch.zeros(1, dtype=torch.int64), sampling).softmax(-1)
+    assert all(usable) and (q - full).abs().max() < 1e-6
+    assert (full[0, vocab] > 0).sum() == 4  # the filters removed two of the six
+    assert chi_square(torch.tensor(tokens), full[0].double() / full[0].double().sum()).passed
+    unfiltered = widen_vocab(logits[:1] / 0.8, vocab, 16).double().softmax(-1)[0]
+    assert not chi_square(torch.tensor(tokens), unfiltered).passed
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_finished_requests_leave_no_drafter_state(kind: str) -> None:
     drafter = _drafter(learned.trained(kind))

@@ -132,8 +132,24 @@ def sample_from_draft_vocab(
         # A grammar masks the head's own columns (no q over the whole vocabulary is needed).
         logits = grammar_masked(sampling, active, drafted, logits, vocab)
         return vocab[argmax_rows(logits)].tolist(), None, [True] * len(active)
+    if sampling.adjustments is None and sampling.grammars is None:
+        # Temperature, top-k, top-p and min-p give the tokens outside the draft vocabulary no
+        # mass whether they are there or not, so q is built and drawn from over the head's own
+        # columns, then widened: the pipeline over the whole vocabulary cost a sampled EAGLE
+        # draft position ~0.6 ms of its ~0.85 on the embedded model.
+        columns, q = sample_drafts(sampling, active, drafted, logits, position)
+        return vocab[columns].tolist(), widen_probs(q, vocab, vocab_size), drafted_rows(q)
     tokens, q = sample_drafts(sampling, active, drafted, widen_vocab(logits, vocab, vocab_size), position)
     return tokens, q, drafted_rows(q)
+
+
+def widen_probs(
+    q: torch.Tensor,  # [R, N] a distribution over a reduced draft vocabulary
+    vocab: torch.Tensor,  # [N] int64, the target token id of each column
+    vocab_size: int,
+) -> torch.Tensor:  # [R, vocab_size] float32, 0 outside `vocab`
+    """q over the target's vocabulary, its values copied (the distribution the draft was drawn from)."""
+    return q.new_zeros((q.shape[0], vocab_size)).index_copy_(1, vocab, q)
 
 
 def widen_vocab(

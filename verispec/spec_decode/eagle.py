@@ -57,11 +57,13 @@ from .trees import GrownTree, TreeBatch, TreeShape
 # One head pass per draft position (the first also feeds the newly confirmed features): the
 # EAGLE layer and the restricted LM head, 0.09 of the target step's fixed cost, plus 0.011 per
 # drafting request (the embedded model on CPU, measured with bench/draft_cost.py). Against the
-# 4-bit target's step, about 8x cheaper, the quantized head's passes and their Python cost more
-# (its layer compiled, EagleHead.compile_layer): 0.51 of the step at depth 1, 1.17 at depth 4 on
-# an Intel Xeon with AVX-512 VNNI (2026-11-27, int8 head; its 4-bit blocks since cut a position
-# by ~0.17 ms), 0.58 and 1.54 on an AVX2 AMD EPYC. The engine learns the machine's own prices
-# from these (spec_decode/step_costs.py).
+# 4-bit target's step, about 8x cheaper, the quantized head's passes and their Python cost more:
+# pass by pass from Python (its layer compiled, EagleHead.compile_layer), as sampled requests
+# draft, 0.51 of the step at depth 1 and 1.17 at depth 4 on an Intel Xeon with AVX-512 VNNI
+# (2026-11-27, int8 head), 0.58 and 1.54 on an AVX2 AMD EPYC; greedy requests' chains in one
+# compiled call (EagleHead.greedy_drafts, 4-bit head) 0.22 and 0.39 on the same Xeon. The
+# declared numbers price seeded (sampled) requests; the engine learns the machine's own prices
+# from them (spec_decode/step_costs.py).
 EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
 EAGLE_COST_QUANTIZED = DraftCost(per_call=0.25, per_request=0.05, per_position=0.18, per_row=0.045)
 
