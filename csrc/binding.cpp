@@ -113,10 +113,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       .def_property_readonly("num_layers", &verispec::DecoderStack::num_layers)
       .def_property_readonly("has_head", &verispec::DecoderStack::has_head);
   py::class_<verispec::EagleChain>(module, "EagleChain")
-      .def(py::init<py::object, const py::dict&, int64_t, torch::Tensor, torch::Tensor, double>(),
-           py::arg("stack"), py::arg("linears"), py::arg("fused_layers"),
+      .def(py::init<const py::dict&, int64_t, torch::Tensor, torch::Tensor, double>(),
+           py::arg("linears"), py::arg("fused_layers"),
            py::arg("vocab_embeddings"), py::arg("vocab"), py::arg("eps"))
-      .def("draft", &verispec::EagleChain::draft, py::arg("inputs"), py::arg("embeddings"),
+      .def("draft", &verispec::EagleChain::draft, py::arg("stack"), py::arg("inputs"), py::arg("embeddings"),
            py::arg("cos"), py::arg("sin"), py::arg("kv_caches"), py::arg("slots"),
            py::arg("first_plan"), py::arg("logits_rows"), py::arg("block_tables"),
            py::arg("chain_start"), py::arg("depths"), py::arg("first_products"),

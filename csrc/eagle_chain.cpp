@@ -48,14 +48,11 @@ void check_shape(const LinearLayer& linear, int64_t in, int64_t out, const char*
 
 }  // namespace
 
-EagleChain::EagleChain(py::object stack, const py::dict& linears, int64_t fused_layers,
+EagleChain::EagleChain(const py::dict& linears, int64_t fused_layers,
                        torch::Tensor vocab_embeddings, torch::Tensor vocab, double eps)
-    : stack_(std::move(stack)), fc_(linear_from(linears, "fc")), fused_layers_(fused_layers),
+    : fc_(linear_from(linears, "fc")), fused_layers_(fused_layers),
       vocab_embeddings_(std::move(vocab_embeddings)), vocab_(std::move(vocab)),
       eps_(static_cast<float>(eps)) {
-  const DecoderStack& layer = stack_.cast<const DecoderStack&>();
-  TORCH_CHECK(layer.has_head() && layer.num_layers() == 1,
-              "the stack must be one decoder layer with its norm and LM head");
   const int64_t d = fc_.out;
   check_shape(fc_, 2 * d, d, "fc");
   TORCH_CHECK(fused_layers >= 1, "fused_layers=", fused_layers, " is invalid: expected >= 1");
@@ -67,7 +64,7 @@ EagleChain::EagleChain(py::object stack, const py::dict& linears, int64_t fused_
   ones_ = torch::ones({d}, torch::kFloat32);
 }
 
-torch::Tensor EagleChain::draft(const torch::Tensor& inputs, const torch::Tensor& embeddings,
+torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& inputs, const torch::Tensor& embeddings,
                                 const torch::Tensor& cos, const torch::Tensor& sin,
                                 const std::vector<torch::Tensor>& kv_caches,
                                 const torch::Tensor& slots,
@@ -78,7 +75,8 @@ torch::Tensor EagleChain::draft(const torch::Tensor& inputs, const torch::Tensor
                                 const std::vector<int64_t>& first_products,
                                 const std::vector<int64_t>& chain_products,
                                 int64_t head_product) const {
-  const DecoderStack& layer = stack_.cast<const DecoderStack&>();
+  TORCH_CHECK(layer.has_head() && layer.num_layers() == 1,
+              "the stack must be one decoder layer with its norm and LM head");
   const int64_t d = fc_.out, rows = inputs.size(0), requests = logits_rows.numel();
   const int64_t layers_in = fused_layers_ * d;
   check_floats(inputs, rows, layers_in, "inputs");

@@ -16,15 +16,15 @@ namespace verispec {
 
 class EagleChain {
  public:
-  // stack: the head's decoder layer, built with its output norm and LM head (DecoderStack,
-  // has_head); linears: {"fc": (parts, bias) [2 d -> d], "fuse": (parts, bias) [n d -> d]};
+  // linears: {"fc": (parts, bias) [2 d -> d], "fuse": (parts, bias) [n d -> d]};
   // fused_layers: n >= 1, the target layers the head reads; vocab_embeddings [N, d] float32: the
   // target's input embedding of each draft column's token; vocab [N] int64: each column's
   // token; eps: the unit norm's of each layer read.
-  EagleChain(pybind11::object stack, const pybind11::dict& linears, int64_t fused_layers,
-             torch::Tensor vocab_embeddings, torch::Tensor vocab, double eps);
+  EagleChain(const pybind11::dict& linears, int64_t fused_layers, torch::Tensor vocab_embeddings,
+             torch::Tensor vocab, double eps);
 
   // [R, max(depths)] int64: each request's greedy drafts, -1 past its depth.
+  // stack: the head's decoder layer, built with its output norm and LM head (has_head);
   // inputs [T, n d] float32: the catch-up rows' target hidden states;
   // embeddings [T, d] float32: the target's embedding of each catch-up row's token;
   // cos, sin [T + (D - 1) R, 1, head_dim] (RotaryEmbedding.angles): the T rows, then per later
@@ -35,7 +35,7 @@ class EagleChain {
   // request's first later row) plan the later positions; depths [R] int64 >= 1;
   // first_products / chain_products: DecoderStack.forward's products at T and at R rows;
   // head_product: the LM head's at R rows.
-  torch::Tensor draft(const torch::Tensor& inputs, const torch::Tensor& embeddings,
+  torch::Tensor draft(const DecoderStack& stack, const torch::Tensor& inputs, const torch::Tensor& embeddings,
                       const torch::Tensor& cos, const torch::Tensor& sin,
                       const std::vector<torch::Tensor>& kv_caches, const torch::Tensor& slots,
                       const std::vector<torch::Tensor>& first_plan,
@@ -45,7 +45,6 @@ class EagleChain {
                       const std::vector<int64_t>& chain_products, int64_t head_product) const;
 
  private:
-  pybind11::object stack_;
   LinearLayer fc_, fuse_;
   int64_t fused_layers_;
   torch::Tensor vocab_embeddings_, vocab_, ones_;

@@ -244,11 +244,11 @@ class EagleHead(_Head):
         run in the stack too (row_logits)."""
         self._stack = build_stack([self.layer], [0], [0], self.norm if self.config.fused_layers else None,
                                   self.lm_head)
-        if self._stack is not None and self.config.fused_layers:
+        if self._stack is not None and self._stack.has_head:  # a fused head's
             with torch.no_grad():
                 table = self._target_embed(self.draft_vocab)  # [N, d]
-            self._chain = build_eagle_chain(self._stack, self.fc, self.fuse, len(self.config.fused_layers),
-                                            table, self.draft_vocab, self.config.rms_norm_eps)
+            self._chain = build_eagle_chain(self.fc, self.fuse, len(self.config.fused_layers), table,
+                                            self.draft_vocab, self.config.rms_norm_eps)
         return self._stack is not None
 
     @property
@@ -275,7 +275,7 @@ class EagleHead(_Head):
         and `row_logits` compute position by position, without Python between the positions."""
         cos, sin = self.rotary.angles(torch.cat((positions, later_positions)))
         drafts = self._chain.draft(
-            hidden.contiguous(), self._target_embed(input_ids).float().contiguous(), cos.contiguous(),
+            self._stack, hidden.contiguous(), self._target_embed(input_ids).float().contiguous(), cos.contiguous(),
             sin.contiguous(), kv_caches, torch.cat((attn.slot_mapping, later_slots)),
             AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True).rows.tensors(), logits_rows,
             block_tables, torch.tensor(chain_start, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64),

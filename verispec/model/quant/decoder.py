@@ -80,15 +80,15 @@ def build_stack(layers: Sequence[nn.Module], rope_index: Sequence[int], plan_ind
                                  head)
 
 
-def build_eagle_chain(stack, fc: nn.Module, fuse: nn.Module, fused_layers: int,
+def build_eagle_chain(fc: nn.Module, fuse: nn.Module, fused_layers: int,
                       vocab_embeddings: torch.Tensor,  # [N, d] float32
                       vocab: torch.Tensor,  # [N] int64
                       eps: float):  # -> EagleChain | None
-    """A fused EAGLE head's greedy drafting as one compiled call (csrc/eagle_chain.h) over
-    `stack`, its layer built with its norm and LM head; None where the stack cannot run fc or
-    fuse."""
+    """A fused EAGLE head's greedy drafting as one compiled call (csrc/eagle_chain.h), run over
+    its layer's stack built with its norm and LM head; None where the compiled code cannot run
+    fc or fuse."""
     linears = {"fc": _linear(fc), "fuse": _linear(fuse)}
-    if stack is None or not stack.has_head or None in linears.values():
+    if compiled_kernels() is None or None in linears.values():
         return None
-    return compiled_kernels().EagleChain(stack, linears, fused_layers, vocab_embeddings.float().contiguous(),
+    return compiled_kernels().EagleChain(linears, fused_layers, vocab_embeddings.float().contiguous(),
                                          vocab.contiguous(), eps)
