@@ -319,6 +319,23 @@ def test_rope_scaling_matches_transformers(name) -> None:
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", [None, "yarn-mscale", "dynamic"])
+def test_the_angles_table_holds_the_angles_computed_for_the_step(name) -> None:
+    """RotaryEmbedding.angles reads position-only angles from a table on the CPU: bit for bit
+    what computing them for the step's positions gives, after the table grows too (yarn's
+    attention factor included); per-token scaling (dynamic) computes them every time."""
+    scaling = None if name is None else RopeScaling(name.split("-")[0], **{
+        k: tuple(v) if isinstance(v, list) else v for k, v in ROPES[name].items()})
+    rotary = RotaryEmbedding(16, 1e4, torch.float32, torch.device("cpu"), scaling, max_position_embeddings=256)
+    for positions in (torch.tensor([3, 0, 200]), torch.tensor([1000, 7, 300, 299])):
+        cos, sin = rotary.angles(positions)
+        expected_cos, expected_sin = rotary._computed(positions)
+        assert torch.equal(cos, expected_cos) and torch.equal(sin, expected_sin)
+        assert cos.is_contiguous() and sin.is_contiguous() and cos.shape == (len(positions), 1, 16)
+    assert (rotary._table is None) == (name == "dynamic")
+    assert rotary._table is None or rotary._table[0].shape[0] >= 1001
+
+
 def test_several_eos_ids_and_generation_config(tmp_path) -> None:
     """config.json's eos_token_id list and generation_config.json's join, in order."""
     hf = make_hf("qwen3", dict(eos_token_id=[2, 3]), seed=0)
