@@ -120,5 +120,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
            py::arg("cos"), py::arg("sin"), py::arg("kv_caches"), py::arg("slots"),
            py::arg("first_plan"), py::arg("logits_rows"), py::arg("block_tables"),
            py::arg("chain_start"), py::arg("depths"), py::arg("first_products"),
-           py::arg("chain_products"), py::arg("head_product"));
+           py::arg("chain_products"), py::arg("head_product"), py::arg("temperature"),
+           py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("uniforms"));
 }

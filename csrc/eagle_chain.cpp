@@ -1,6 +1,9 @@
 #include "eagle_chain.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
 
 #include "vecmath.h"
 
@@ -19,6 +22,76 @@ std::vector<int64_t> first_maxima(const torch::Tensor& logits) {
     best[r] = std::max_element(row, row + width) - row;
   }
   return best;
+}
+
+// Row r's draft from its logits [n]: the first maximum for a greedy row (temperature 0; q [n],
+// zeros, made one-hot there, which greedy verification never reads), else a draw at u from q =
+// the softmax of the
+// logits over temperature, kept where at or above the top-k and nucleus thresholds (ties kept)
+// and at least min_p of the largest, as verispec/sample/processors.py filters, written to q [n].
+int64_t pick(const float* logits, int64_t n, float temperature, int64_t top_k, float top_p,
+             float min_p, double u, float* q, std::vector<float>& sorted) {
+  int64_t argmax = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (logits[i] > logits[argmax]) argmax = i;
+  }
+  if (temperature <= 0.0f) {
+    q[argmax] = 1.0f;
+    return argmax;
+  }
+  const float scale = 1.0f / temperature, best = logits[argmax] * scale;
+  for (int64_t i = 0; i < n; ++i) q[i] = logits[i] * scale;
+  float threshold = -std::numeric_limits<float>::infinity();
+  const int64_t kept = top_k > 0 && top_k < n ? top_k : n;
+  if (kept < n || top_p < 1.0f) {
+    sorted.assign(q, q + n);
+    auto larger = std::greater<float>();
+    if (kept < n) std::nth_element(sorted.begin(), sorted.begin() + kept - 1, sorted.end(), larger);
+    threshold = sorted[kept - 1];
+    if (top_p < 1.0f) {
+      // The nucleus: the first sorted position whose running mass (a share of the kept set's)
+      // reaches top_p, found in a sorted head that widens by 8 until it holds it.
+      double total = 0.0;
+      for (int64_t i = 0; i < kept; ++i) total += std::exp(static_cast<double>(sorted[i] - best));
+      int64_t head = std::min<int64_t>(kept, 64), done = 0;
+      double running = 0.0;
+      while (true) {
+        std::partial_sort(sorted.begin() + done, sorted.begin() + head, sorted.begin() + kept, larger);
+        int64_t i = done;
+        for (; i < head; ++i) {
+          running += std::exp(static_cast<double>(sorted[i] - best));
+          if (running >= top_p * total) break;
+        }
+        if (i < head || head == kept) {
+          threshold = std::max(threshold, sorted[std::min(i, kept - 1)]);
+          break;
+        }
+        done = head;
+        head = std::min(kept, head * 8);
+      }
+    }
+  }
+  if (min_p > 0.0f) threshold = std::max(threshold, best + std::log(min_p));
+  float mass = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    q[i] = q[i] >= threshold ? std::exp(q[i] - best) : 0.0f;
+    mass += q[i];
+  }
+  for (int64_t i = 0; i < n; ++i) q[i] /= mass;
+  // Inverse CDF in float64 over q as handed to the verifier: the first column whose running
+  // sum passes u times the whole.
+  double whole = 0.0;
+  for (int64_t i = 0; i < n; ++i) whole += q[i];
+  const double target = u * whole;
+  double cdf = 0.0;
+  int64_t last = argmax;
+  for (int64_t i = 0; i < n; ++i) {
+    if (q[i] <= 0.0f) continue;
+    cdf += q[i];
+    last = i;
+    if (cdf > target) return i;
+  }
+  return last;
 }
 
 torch::Tensor int64s(const std::vector<int64_t>& values) {
@@ -64,7 +137,7 @@ EagleChain::EagleChain(const py::dict& linears, int64_t fused_layers,
   ones_ = torch::ones({d}, torch::kFloat32);
 }
 
-torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& inputs, const torch::Tensor& embeddings,
+std::vector<torch::Tensor> EagleChain::draft(const DecoderStack& layer, const torch::Tensor& inputs, const torch::Tensor& embeddings,
                                 const torch::Tensor& cos, const torch::Tensor& sin,
                                 const std::vector<torch::Tensor>& kv_caches,
                                 const torch::Tensor& slots,
@@ -73,8 +146,10 @@ torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& 
                                 const torch::Tensor& block_tables,
                                 const torch::Tensor& chain_start, const torch::Tensor& depths,
                                 const std::vector<int64_t>& first_products,
-                                const std::vector<int64_t>& chain_products,
-                                int64_t head_product) const {
+                                const std::vector<int64_t>& chain_products, int64_t head_product,
+                                const torch::Tensor& temperature, const torch::Tensor& top_k,
+                                const torch::Tensor& top_p, const torch::Tensor& min_p,
+                                const torch::Tensor& uniforms) const {
   TORCH_CHECK(layer.has_head() && layer.num_layers() == 1,
               "the stack must be one decoder layer with its norm and LM head");
   const int64_t d = fc_.out, rows = inputs.size(0), requests = logits_rows.numel();
@@ -96,6 +171,35 @@ torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& 
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == requests &&
                   block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous(),
               "block_tables must be a contiguous [R, W] int64 tensor");
+  for (const torch::Tensor* t : {&temperature, &top_p, &min_p}) {
+    TORCH_CHECK(t->dim() == 1 && t->numel() == requests && t->scalar_type() == torch::kFloat32 &&
+                    t->is_contiguous(),
+                "temperature, top_p and min_p must be contiguous [", requests, "] float32 tensors");
+  }
+  check_int64s(top_k, requests, "top_k");
+  TORCH_CHECK(uniforms.dim() == 2 && uniforms.size(0) == requests && uniforms.size(1) == max_depth &&
+                  uniforms.scalar_type() == torch::kFloat64 && uniforms.is_contiguous(),
+              "uniforms must be a contiguous [", requests, ", ", max_depth, "] float64 tensor");
+  const float* temperatures = temperature.data_ptr<float>();
+  const bool sampled = std::any_of(temperatures, temperatures + requests, [](float t) { return t > 0.0f; });
+  const int64_t width = vocab_.numel();
+  // q of every draft, [R, D, N] (zero past a request's depth); none when every request is greedy.
+  auto q = sampled ? torch::zeros({requests, max_depth, width}, torch::kFloat32)
+                   : torch::empty({0}, torch::kFloat32);
+  std::vector<float> sorted;
+  // The columns drafted at position s for the requests of `picked_rows` (rows of `logits` in order).
+  auto choose = [&](const torch::Tensor& logits, const std::vector<int64_t>& picked_rows, int64_t s) {
+    if (!sampled) return first_maxima(logits);
+    std::vector<int64_t> columns(picked_rows.size());
+    for (size_t a = 0; a < picked_rows.size(); ++a) {
+      const int64_t r = picked_rows[a];
+      columns[a] = pick(logits.data_ptr<float>() + a * width, width, temperatures[r],
+                        top_k.data_ptr<int64_t>()[r], top_p.data_ptr<float>()[r],
+                        min_p.data_ptr<float>()[r], uniforms.data_ptr<double>()[r * max_depth + s],
+                        q.data_ptr<float>() + (r * max_depth + s) * width, sorted);
+    }
+    return columns;
+  };
   const int64_t dim = cos.size(-1);
   const int64_t* vocab = vocab_.data_ptr<int64_t>();
   const float* table = vocab_embeddings_.data_ptr<float>();
@@ -120,7 +224,9 @@ torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& 
                quantized, hidden.data_ptr<float>());
   layer.forward(hidden, 0, 1, {cos.narrow(0, 0, rows)}, {sin.narrow(0, 0, rows)}, kv_caches,
                 slots.narrow(0, 0, rows), {first_plan}, first_products, {}, {});
-  std::vector<int64_t> column = first_maxima(layer.logits(hidden, logits_rows, head_product));
+  std::vector<int64_t> everyone(requests);
+  for (int64_t r = 0; r < requests; ++r) everyone[r] = r;
+  std::vector<int64_t> column = choose(layer.logits(hidden, logits_rows, head_product), everyone, 0);
 
   auto drafts = torch::full({requests, max_depth}, -1, torch::kInt64);
   int64_t* out = drafts.data_ptr<int64_t>();
@@ -140,7 +246,7 @@ torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& 
       if (depth[r] > s) active.push_back(r);
     }
     const int64_t count = static_cast<int64_t>(active.size());
-    std::vector<int64_t> row_slots(count), visible(count), positions(count), active_columns(count);
+    std::vector<int64_t> row_slots(count), visible(count), positions(count);
     auto step_cos = torch::empty({count, 1, dim}, torch::kFloat32);
     auto step_sin = torch::empty({count, 1, dim}, torch::kFloat32);
     joined.resize(count * 2 * d);
@@ -164,7 +270,7 @@ torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& 
     layer.forward(hidden, 0, 1, {step_cos}, {step_sin}, kv_caches, int64s(row_slots), {plan},
                   chain_products, {}, {});
     const torch::Tensor every = torch::arange(count, torch::kInt64);
-    const std::vector<int64_t> picked = first_maxima(layer.logits(hidden, every, head_product));
+    const std::vector<int64_t> picked = choose(layer.logits(hidden, every, head_product), active, s);
     for (int64_t a = 0; a < count; ++a) {
       const int64_t r = active[a];
       column[r] = picked[a];
@@ -172,7 +278,7 @@ torch::Tensor EagleChain::draft(const DecoderStack& layer, const torch::Tensor& 
       std::copy_n(hidden.data_ptr<float>() + a * d, d, predicted.data() + r * d);
     }
   }
-  return drafts;
+  return {drafts, q};
 }
 
 }  // namespace verispec

@@ -185,7 +185,7 @@ def test_chained_draft_rows_compute_what_planned_rows_do(compiled: bool) -> None
 
 
 def test_greedy_chains_in_one_compiled_call_draft_what_the_passes_from_python_do() -> None:
-    """A quantized fused head drafts greedy requests in one compiled call (EagleHead.greedy_drafts):
+    """A quantized fused head drafts greedy requests in one compiled call (EagleHead.chain_drafts):
     the same drafts as its pass-by-pass path from Python (the same tokens accepted), requests
     ending at different steps drafting to different depths, and the output plain decoding's."""
     target = tiny_model(**TARGET, quantization=(4, 32))
@@ -197,8 +197,8 @@ def test_greedy_chains_in_one_compiled_call_draft_what_the_passes_from_python_do
         if not head.compile_layer() or not head.drafts_in_one_call:
             pytest.skip("the compiled kernels are not built here")
         if one_call:
-            chains = head.greedy_drafts
-            head.greedy_drafts = lambda *args: calls.append(args[-1]) or chains(*args)
+            chains = head.chain_drafts
+            head.chain_drafts = lambda *args: calls.append(args[-3]) or chains(*args)
         else:
             head._chain = None  # the pass-by-pass path
         return EagleDrafter(head, num_blocks=1024, block_size=4)
@@ -212,36 +212,68 @@ def test_greedy_chains_in_one_compiled_call_draft_what_the_passes_from_python_do
     assert any(len(set(depths)) > 1 for depths in calls)  # a call with requests at different depths
 
 
-def test_a_greedy_chain_in_one_call_writes_and_drafts_what_the_passes_do() -> None:
-    """One propose call for three requests at depths 1, 3 and 4, through the compiled chain and
-    pass by pass: the same drafts, and the same keys and values in the same slots of the head's
-    cache (a later row at the wrong position or slot changes them)."""
+def _one_call_drafter() -> tuple:
+    """A compiled fused head on a 4-bit target and three requests' contexts (tokens, depth) with
+    random hidden states: (head, its compiled chain, contexts, tokens, hidden)."""
     vocab = 64
     target = tiny_model(seed=5, vocab=vocab, quantization=(4, 32))
     head = new_head(HeadConfig.for_target("eagle", target.config, fused=True), target, torch.arange(vocab))
     quantize_linears_(head, bits=HEAD_BITS["eagle"])
     if not head.compile_layer() or not head.drafts_in_one_call:
         pytest.skip("the compiled kernels are not built here")
-    chain = head._chain
     gen = torch.Generator().manual_seed(2)
     contexts = {"a": (5, 1), "b": (9, 3), "c": (3, 4)}  # request: (tokens, depth)
     tokens = {rid: torch.randint(0, vocab, (n,), generator=gen).tolist() for rid, (n, _) in contexts.items()}
     width = len(head.config.fused_layers) * target.config.hidden_size
     hidden = {rid: torch.randn(n, width, generator=gen) * 3 for rid, (n, _) in contexts.items()}
+    return head, head._chain, contexts, tokens, hidden
 
-    def run(one_call: bool) -> tuple[list[list[int]], torch.Tensor]:
-        head._chain = chain if one_call else None  # None: the pass-by-pass path
-        drafter = EagleDrafter(head, num_blocks=64, block_size=4)
-        for rid in contexts:
-            drafter.observe([FedTokens(rid, 0, tokens[rid], 0)], hidden[rid])
-        batch = drafter.propose([DraftRequest(rid, tokens[rid], depth, SamplingParams(temperature=0), 0, 0)
-                                 for rid, (_, depth) in contexts.items()])
-        return batch.token_ids, drafter.runner.kv_caches[0].clone()
 
-    chained, chained_cache = run(one_call=True)
-    passes, passes_cache = run(one_call=False)
-    assert [len(d) for d in chained] == [1, 3, 4]
-    assert chained == passes
+def _propose(head, contexts: dict, tokens: dict, hidden: dict, params: dict) -> tuple:
+    """One propose call of a fresh drafter over `head` for the requests of `params` (request:
+    SamplingParams): (the DraftBatch, the head's cache after it)."""
+    drafter = EagleDrafter(head, num_blocks=64, block_size=4)
+    for rid in params:
+        drafter.observe([FedTokens(rid, 0, tokens[rid], 0)], hidden[rid])
+    batch = drafter.propose([DraftRequest(rid, tokens[rid], contexts[rid][1], p, p.seed or 0, 0)
+                             for rid, p in params.items()])
+    return batch, drafter.runner.kv_caches[0].clone()
+
+
+def test_a_greedy_chain_in_one_call_writes_and_drafts_what_the_passes_do() -> None:
+    """One propose call for three requests at depths 1, 3 and 4, through the compiled chain and
+    pass by pass: the same drafts, and the same keys and values in the same slots of the head's
+    cache (a later row at the wrong position or slot changes them)."""
+    head, chain, contexts, tokens, hidden = _one_call_drafter()
+    greedy = {rid: SamplingParams(temperature=0) for rid in contexts}
+    chained, chained_cache = _propose(head, contexts, tokens, hidden, greedy)
+    head._chain = None  # the pass-by-pass path
+    passes, passes_cache = _propose(head, contexts, tokens, hidden, greedy)
+    assert [len(d) for d in chained.token_ids] == [1, 3, 4]
+    assert chained.token_ids == passes.token_ids and chained.probs is None
     # Measured: 2e-7 of the largest value apart (each fused layer's unit norm rounds differently
     # in C++ than torch's); a wrong position or slot moves keys and values by far more.
     assert (chained_cache - passes_cache).abs().max() < 1e-4 * passes_cache.abs().max()
+
+
+def test_a_sampled_chain_in_one_call_draws_from_its_own_filters_and_stream() -> None:
+    """Sampled requests in the compiled chain: each draft a token its q gives mass, q a
+    distribution within the request's top-k, and a seeded request's drafts and q the same alone
+    as beside the others (its own DRAFT stream); a greedy request beside them takes the first
+    maximum, as alone. (Exactness: the chi-square test above, compiled-fused-head.)"""
+    head, _, contexts, tokens, hidden = _one_call_drafter()
+    params = {"a": SamplingParams(temperature=0), "b": SamplingParams(temperature=0.9, top_k=5, seed=7),
+              "c": SamplingParams(temperature=1.2, top_p=0.7, min_p=0.02, seed=8)}
+    together, _ = _propose(head, contexts, tokens, hidden, params)
+    assert together.probs is not None and together.probs.shape == (1 + 3 + 4, 64)
+    rows = {"a": together.probs[:1], "b": together.probs[1:4], "c": together.probs[4:]}
+    for rid, drafts in zip(params, together.token_ids):
+        alone, _ = _propose(head, contexts, tokens, hidden, {rid: params[rid]})
+        assert alone.token_ids == [drafts]
+        if rid == "a":  # one-hot at its draft: a distribution, which greedy verification never reads
+            assert torch.equal(rows[rid], torch.nn.functional.one_hot(torch.tensor(drafts), 64).float())
+            continue
+        assert torch.equal(alone.probs, rows[rid])
+        assert torch.allclose(rows[rid].sum(-1), torch.ones(len(drafts)), atol=1e-5)
+        assert all(rows[rid][j, t] > 0 for j, t in enumerate(drafts))
+    assert ((rows["b"] > 0).sum(-1) <= 5).all()

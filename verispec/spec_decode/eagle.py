@@ -48,7 +48,9 @@ from ..runtime.kv_cache import BlockManager
 from ..runtime.prefix_cache import block_hash, extend_chain, identity_key
 from ..runtime.runner import Feed, ModelRunner, StepInputs
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
-from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab
+from ..sample import SamplingMetadata
+from ..sample.rng import DRAFT, uniform
+from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab, widen_probs
 from .features import FeatureStore
 from .heads import EagleHead
 from .trees import GrownTree, TreeBatch, TreeShape
@@ -58,12 +60,11 @@ from .trees import GrownTree, TreeBatch, TreeShape
 # EAGLE layer and the restricted LM head, 0.09 of the target step's fixed cost, plus 0.011 per
 # drafting request (the embedded model on CPU, measured with bench/draft_cost.py). Against the
 # 4-bit target's step, about 8x cheaper, the quantized head's passes and their Python cost more:
-# pass by pass from Python (its layer compiled, EagleHead.compile_layer), as sampled requests
-# draft, 0.51 of the step at depth 1 and 1.17 at depth 4 on an Intel Xeon with AVX-512 VNNI
-# (2026-11-27, int8 head), 0.58 and 1.54 on an AVX2 AMD EPYC; greedy requests' chains in one
-# compiled call (EagleHead.greedy_drafts, 4-bit head) 0.22 and 0.39 on the same Xeon. The
-# declared numbers price seeded (sampled) requests; the engine learns the machine's own prices
-# from them (spec_decode/step_costs.py).
+# pass by pass from Python (its layer compiled, EagleHead.compile_layer), 0.51 of the step at
+# depth 1 and 1.17 at depth 4 on an Intel Xeon with AVX-512 VNNI (2026-11-27, int8 head), 0.58
+# and 1.54 on an AVX2 AMD EPYC; in one compiled call (EagleHead.chain_drafts, 4-bit head,
+# greedy) 0.22 and 0.39 on the same Xeon. The declared numbers price seeded (sampled) requests;
+# the engine learns the machine's own prices from them (spec_decode/step_costs.py).
 EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
 EAGLE_COST_QUANTIZED = DraftCost(per_call=0.25, per_request=0.05, per_position=0.18, per_row=0.045)
 
@@ -130,8 +131,9 @@ class EagleDrafter(Drafter):
             return DraftBatch(drafts)
         sampling = draft_metadata(requests, self.runner.device)
         step = self.runner.inputs(feeds)
-        if sampling is None and self.head.drafts_in_one_call:
-            return DraftBatch(self._greedy_chains(requests, active, step, torch.cat(hidden)))
+        if self.head.drafts_in_one_call and (sampling is None or (sampling.adjustments is None
+                                                                  and sampling.grammars is None)):
+            return self._chains(requests, active, step, torch.cat(hidden), sampling)
         fed = self.head.features(torch.cat(hidden))
         position = 0
         while active:
@@ -162,12 +164,14 @@ class EagleDrafter(Drafter):
         flat = [q for per_request in rows for q in per_request]
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
 
-    def _greedy_chains(self, requests: Sequence[DraftRequest], active: list[int], step: StepInputs,
-                       hidden: torch.Tensor,  # [T, n * d] the first pass's stored hidden states
-                       ) -> list[list[int]]:
-        """propose's drafts for greedy requests, in one compiled call (EagleHead.greedy_drafts):
-        the first pass as `step` plans it, then draft position s of request r at its newest
-        token's position + s - 1, in the slots _sync reserved."""
+    def _chains(self, requests: Sequence[DraftRequest], active: list[int], step: StepInputs,
+                hidden: torch.Tensor,  # [T, n * d] the first pass's stored hidden states
+                sampling: SamplingMetadata | None,  # draft_metadata's: no penalties, bias, masks or grammar
+                ) -> DraftBatch:
+        """propose's drafts in one compiled call (EagleHead.chain_drafts): the first pass as
+        `step` plans it, then draft position s of request r at its newest token's position
+        + s - 1, in the slots _sync reserved; a sampled request draws its draft at position s
+        with the DRAFT stream's uniform at s, as the passes would (sample_from_draft_vocab)."""
         depths = [requests[i].num_draft_tokens for i in active]
         starts = [len(requests[i].token_ids) - 1 for i in active]
         slots = [self.blocks.slot_mapping(requests[i].request_id, start, start + depth - 1)
@@ -175,13 +179,26 @@ class EagleDrafter(Drafter):
         later = [(start + s - 1, own[s - 1] if s < depth else 0)
                  for s in range(1, max(depths)) for start, depth, own in zip(starts, depths, slots)]
         positions, later_slots = torch.tensor(later, dtype=torch.int64).reshape(-1, 2).T
-        chains = self.head.greedy_drafts(hidden, step.input_ids, step.positions, step.attn, step.logits_rows,
-                                         self.runner.kv_caches, positions.contiguous(), later_slots.contiguous(),
-                                         step.attn.block_tables, starts, depths)
+        count, depth = len(active), max(depths)
+        if sampling is None:
+            filters = (torch.zeros(count), torch.zeros(count, dtype=torch.int64), torch.ones(count), torch.zeros(count))
+            uniforms = torch.zeros(count, depth, dtype=torch.float64)
+        else:
+            rows = torch.tensor(active, dtype=torch.int64, device=sampling.keys.device)
+            filters = tuple(f[rows].cpu() for f in (sampling.temperature, sampling.top_k, sampling.top_p,
+                                                    sampling.min_p))
+            draws = torch.arange(depth, device=rows.device).repeat(count)
+            uniforms = uniform(sampling.keys[rows].repeat_interleave(depth), draws, DRAFT).view(count, depth).cpu()
+        chains, q = self.head.chain_drafts(hidden, step.input_ids, step.positions, step.attn, step.logits_rows,
+                                           self.runner.kv_caches, positions.contiguous(), later_slots.contiguous(),
+                                           step.attn.block_tables, starts, depths, filters, uniforms)
         drafts: list[list[int]] = [[] for _ in requests]
         for i, chain in zip(active, chains):
             drafts[i] = chain
-        return drafts
+        if q is None:
+            return DraftBatch(drafts)
+        drawn = torch.cat([q[r, :d] for r, d in enumerate(depths)])  # [drafts, N], request by request
+        return DraftBatch(drafts, widen_probs(drawn, self.head.draft_vocab, self.head.config.target_vocab_size))
 
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,

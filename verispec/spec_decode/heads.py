@@ -253,10 +253,10 @@ class EagleHead(_Head):
 
     @property
     def drafts_in_one_call(self) -> bool:
-        """Whether greedy_drafts runs (compile_layer built the compiled chain)."""
+        """Whether chain_drafts runs (compile_layer built the compiled chain)."""
         return self._chain is not None
 
-    def greedy_drafts(
+    def chain_drafts(
         self,
         hidden: torch.Tensor,  # [T, len(fused_layers) * d] the catch-up rows' target hidden states
         input_ids: torch.Tensor,  # [T] int64, x_{t+1} of each catch-up row
@@ -269,19 +269,22 @@ class EagleHead(_Head):
         block_tables: torch.Tensor,  # [R, W] int64, each request's blocks
         chain_start: list[int],  # per request, the position of its first later row
         depths: list[int],  # per request, its drafts (>= 1); D = max(depths)
-    ) -> list[list[int]]:
-        """Each request's greedy drafts (the first maximum of the draft logits at every
-        position), the whole chain in one compiled call (csrc/eagle_chain.h): what `forward`
-        and `row_logits` compute position by position, without Python between the positions."""
+        filters: tuple[torch.Tensor, ...],  # [R] each: temperature (0: greedy), top_k, top_p, min_p
+        uniforms: torch.Tensor,  # [R, D] float64, request r's uniform for its draft at position s
+    ) -> tuple[list[list[int]], torch.Tensor | None]:  # drafts; q [R, D, N] (None: all greedy)
+        """Each request's drafts (the first maximum of the draft logits for a greedy request, a
+        draw at its uniform from its filtered distribution otherwise), the whole chain in one
+        compiled call (csrc/eagle_chain.h): what `forward` and `row_logits` compute position by
+        position, without Python between the positions."""
         cos, sin = self.rotary.angles(torch.cat((positions, later_positions)))
-        drafts = self._chain.draft(
-            self._stack, hidden.contiguous(), self._target_embed(input_ids).float().contiguous(), cos.contiguous(),
-            sin.contiguous(), kv_caches, torch.cat((attn.slot_mapping, later_slots)),
+        drafts, q = self._chain.draft(
+            self._stack, hidden.contiguous(), self._target_embed(input_ids).float().contiguous(),
+            cos.contiguous(), sin.contiguous(), kv_caches, torch.cat((attn.slot_mapping, later_slots)),
             AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True).rows.tensors(), logits_rows,
             block_tables, torch.tensor(chain_start, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64),
             stack_products(self.layer, len(input_ids)), stack_products(self.layer, len(depths)),
-            product_code(self.lm_head, len(depths)))
-        return [row[:depth] for row, depth in zip(drafts.tolist(), depths)]
+            product_code(self.lm_head, len(depths)), *(f.contiguous() for f in filters), uniforms.contiguous())
+        return [row[:depth] for row, depth in zip(drafts.tolist(), depths)], q if q.numel() else None
 
     def forward(
         self,
