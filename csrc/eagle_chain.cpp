@@ -24,11 +24,11 @@ std::vector<int64_t> first_maxima(const torch::Tensor& logits) {
   return best;
 }
 
-// Row r's draft from its logits [n]: the first maximum for a greedy row (temperature 0; q [n],
-// zeros, made one-hot there, which greedy verification never reads), else a draw at u from q =
-// the softmax of the
-// logits over temperature, kept where at or above the top-k and nucleus thresholds (ties kept)
-// and at least min_p of the largest, as verispec/sample/processors.py filters, written to q [n].
+// A row's draft column from its logits [n]: the first maximum for a greedy row (temperature 0;
+// q [n], zeros, made one-hot there, which greedy verification never reads), else a draw at u
+// from q = the softmax of the logits over temperature, kept where at or above the top-k and
+// nucleus thresholds (ties kept) and at least min_p of the largest, as
+// verispec/sample/processors.py filters, written to q [n].
 int64_t pick(const float* logits, int64_t n, float temperature, int64_t top_k, float top_p,
              float min_p, double u, float* q, std::vector<float>& sorted) {
   int64_t argmax = 0;
