@@ -260,15 +260,15 @@ class EagleDrafter(Drafter):
         """The first head pass's feeds and their stored hidden states ([rows, n * d] each), for
         the requests that draft this step (their indices); `draft_rows` of a request: the slots
         its drafting needs after the confirmed positions."""
-        feeds, features, active = [], [], []
+        feeds, hidden, active = [], [], []
         for i, request in enumerate(requests):
             synced = self._sync(request.request_id, request.token_ids, draft_rows(request)) \
                 if request.num_draft_tokens > 0 else None
             if synced is not None:
                 feeds.append(synced[0])
-                features.append(synced[1])
+                hidden.append(synced[1])
                 active.append(i)
-        return feeds, features, active
+        return feeds, hidden, active
 
     def _publish(self, rid: str, tokens: Sequence[int]) -> None:
         """Publishes the head blocks of the request's confirmed positions up to its first hole."""
