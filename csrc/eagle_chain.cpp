@@ -46,8 +46,10 @@ int64_t pick(const float* logits, int64_t n, float temperature, int64_t top_k, f
   if (kept < n || top_p < 1.0f) {
     sorted.assign(q, q + n);
     auto larger = std::greater<float>();
-    if (kept < n) std::nth_element(sorted.begin(), sorted.begin() + kept - 1, sorted.end(), larger);
-    threshold = sorted[kept - 1];
+    if (kept < n) {  // without top-k, sorted[n - 1] is just the last column's value
+      std::nth_element(sorted.begin(), sorted.begin() + kept - 1, sorted.end(), larger);
+      threshold = sorted[kept - 1];
+    }
     if (top_p < 1.0f) {
       // The nucleus: the first sorted position whose running mass (a share of the kept set's)
       // reaches top_p, found in a sorted head that widens by 8 until it holds it.

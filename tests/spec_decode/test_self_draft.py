@@ -277,3 +277,20 @@ def test_a_sampled_chain_in_one_call_draws_from_its_own_filters_and_stream() -> 
         assert torch.allclose(rows[rid].sum(-1), torch.ones(len(drafts)), atol=1e-5)
         assert all(rows[rid][j, t] > 0 for j, t in enumerate(drafts))
     assert ((rows["b"] > 0).sum(-1) <= 5).all()
+
+
+def test_the_chains_q_is_the_filter_pipelines() -> None:
+    """The compiled chain's q for each request's first draft equals the one the passes build
+    with the Python filters (sample_from_draft_vocab), for near-flat logits (a high temperature)
+    where the nucleus holds many columns: with top-p alone the chain once took its top-k cut
+    from an unsorted column and kept 36 of the 52 columns the nucleus holds."""
+    head, _, contexts, tokens, hidden = _one_call_drafter()
+    params = {"a": SamplingParams(temperature=1e4, top_p=0.5, seed=1),
+              "b": SamplingParams(temperature=1e4, top_p=0.8, seed=2),
+              "c": SamplingParams(temperature=1e4, top_k=20, top_p=0.9, seed=3)}
+    chained, _ = _propose(head, contexts, tokens, hidden, params)
+    head._chain = None  # the pass-by-pass path
+    passes, _ = _propose(head, contexts, tokens, hidden, params)
+    for first in (0, 1, 4):  # each request's first draft row (depths 1, 3, 4)
+        assert torch.equal(chained.probs[first] > 0, passes.probs[first] > 0)
+        torch.testing.assert_close(chained.probs[first], passes.probs[first], atol=1e-6, rtol=1e-4)
