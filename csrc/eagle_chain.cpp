@@ -31,10 +31,7 @@ std::vector<int64_t> first_maxima(const torch::Tensor& logits) {
 // verispec/sample/processors.py filters, written to q [n].
 int64_t pick(const float* logits, int64_t n, float temperature, int64_t top_k, float top_p,
              float min_p, double u, float* q, std::vector<float>& sorted) {
-  int64_t argmax = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[argmax]) argmax = i;
-  }
+  const int64_t argmax = std::max_element(logits, logits + n) - logits;  // first_maxima's
   if (temperature <= 0.0f) {
     q[argmax] = 1.0f;
     return argmax;
