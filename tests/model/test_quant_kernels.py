@@ -59,9 +59,10 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kernel) -> None:
     weight = _random_weight(70, 576, 4, True, torch.float16, seed=3)
     x = torch.randn(40, 576, generator=torch.Generator().manual_seed(0))
     full = kernels.qlinear(x, weight, kernel)
-    # 16: two tiles of 8 rows on AVX-512 VNNI, one on AMX; 9, 11: 4 + 5, 5 + 6 on AVX2; 40: three
-    # AMX tiles; below 8 rows the amx kernel runs the VNNI path.
-    for rows in (1, 2, 5, 7, 9, 11, 16, 17, 33):
+    # 16: two tiles of 8 rows on AVX-512 VNNI, one on AMX; 9, 11: 4 + 5, 5 + 6 on AVX2; 17, 32:
+    # two AMX tiles over the same weights; 33, 40: such a pair, then one tile; below 8 rows the
+    # amx kernel runs the VNNI path.
+    for rows in (1, 2, 5, 7, 9, 11, 16, 17, 32, 33):
         assert torch.equal(kernels.qlinear(x[:rows], weight, kernel), full[:rows])
     assert torch.equal(kernels.qlinear(x[5:6], weight, kernel), full[5:6])
 
