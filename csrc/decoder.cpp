@@ -206,6 +206,68 @@ DecoderStack::DecoderStack(const std::vector<py::dict>& layers, int64_t heads, i
   }
 }
 
+void DecoderStack::queries_keys_values(const LayerWeights& w, const float* h, int64_t rows,
+                                       int64_t width, int64_t product, const float* cos,
+                                       const float* sin, const torch::Tensor& cache,
+                                       const int64_t* slots, QuantizedRows& quantized, float* x,
+                                       float* qkv) const {
+  const int64_t dim = head_dim_, qkv_width = (heads_ + 2 * kv_heads_) * dim;
+  std::vector<float> scratch(dim);
+  rms_norm_rows(h, x, w.input_norm, rows, width, width, eps_);
+  project(w.qkv, x, rows, width, product, kernel_, f32_isa_, quantized, qkv);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = qkv + r * qkv_width;
+    if (w.q_norm.defined()) {
+      rms_norm_rows(row, row, w.q_norm, heads_, dim, dim, eps_);
+      rms_norm_rows(row + heads_ * dim, row + heads_ * dim, w.k_norm, kv_heads_, dim, dim, eps_);
+    }
+    for (int64_t head = 0; head < heads_ + kv_heads_; ++head) {
+      rotate_head(row + head * dim, cos + r * dim, sin + r * dim, dim, scratch.data());
+    }
+  }
+  const int64_t values_offset = cache.numel() / 2;
+  if (cache.scalar_type() == torch::kHalf) {
+    write_cache(qkv, qkv_width, rows, heads_, kv_heads_, dim, slots, cache.data_ptr<c10::Half>(),
+                values_offset);
+  } else {
+    write_cache(qkv, qkv_width, rows, heads_, kv_heads_, dim, slots, cache.data_ptr<float>(),
+                values_offset);
+  }
+}
+
+void DecoderStack::write_keys_values(const torch::Tensor& hidden, int64_t index,
+                                     const torch::Tensor& cos, const torch::Tensor& sin,
+                                     const std::vector<torch::Tensor>& kv_caches,
+                                     const torch::Tensor& slot_mapping, int64_t product) const {
+  TORCH_CHECK(0 <= index && index < num_layers(), "layer ", index, " is not within [0, ",
+              num_layers(), ")");
+  const int64_t rows = hidden.size(0), width = hidden.size(1), dim = head_dim_;
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32 &&
+                  hidden.is_contiguous() && width == layers_[index].input_norm.numel() / 2,
+              "hidden must be a contiguous [T, hidden_size] float32 tensor");
+  check_product(product, rows);
+  for (const torch::Tensor* t : {&cos, &sin}) {
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() && t->numel() == rows * dim,
+                "cos and sin must be contiguous float32 [T, 1, head_dim]");
+  }
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == rows,
+              "slot_mapping must be a contiguous [T] int64 tensor");
+  const torch::Tensor& cache = kv_caches.at(index);
+  TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.size(3) == kv_heads_ &&
+                  cache.size(4) == dim &&
+                  (cache.scalar_type() == torch::kHalf || cache.scalar_type() == torch::kFloat32),
+              "kv_caches[", index, "] must be contiguous [2, blocks, block_size, ", kv_heads_, ", ",
+              dim, "] float16 or float32");
+  if (rows == 0) return;
+  py::gil_scoped_release released;
+  std::vector<float> x(rows * width), qkv(rows * (heads_ + 2 * kv_heads_) * dim);
+  QuantizedRows quantized;
+  queries_keys_values(layers_[index], hidden.data_ptr<float>(), rows, width, product,
+                      cos.data_ptr<float>(), sin.data_ptr<float>(), cache,
+                      slot_mapping.data_ptr<int64_t>(), quantized, x.data(), qkv.data());
+}
+
 void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
                            const std::vector<torch::Tensor>& cos,
                            const std::vector<torch::Tensor>& sin,
@@ -279,35 +341,14 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   std::vector<float> x(rows * width), out(rows * width), qkv(rows * qkv_width);
   std::vector<float> attn(rows * attn_width), gate_up(rows * 2 * inter), act(rows * inter);
-  std::vector<float> scratch(dim);
   QuantizedRows quantized;
 
   for (int64_t i = begin; i < end; ++i) {
     const LayerWeights& w = layers_[i];
     const torch::Tensor& cache = kv_caches[i];
 
-    rms_norm_rows(h, x.data(), w.input_norm, rows, width, width, eps_);
-    project(w.qkv, x.data(), rows, width, products[0], kernel_, f32_isa_, quantized, qkv.data());
-    const float* c = cos[w.rope].data_ptr<float>();
-    const float* s = sin[w.rope].data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = qkv.data() + r * qkv_width;
-      if (w.q_norm.defined()) {
-        rms_norm_rows(row, row, w.q_norm, heads_, dim, dim, eps_);
-        rms_norm_rows(row + heads_ * dim, row + heads_ * dim, w.k_norm, kv_heads_, dim, dim, eps_);
-      }
-      for (int64_t head = 0; head < heads_ + kv_heads_; ++head) {
-        rotate_head(row + head * dim, c + r * dim, s + r * dim, dim, scratch.data());
-      }
-    }
-    const int64_t values_offset = cache.numel() / 2;
-    if (cache.scalar_type() == torch::kHalf) {
-      write_cache(qkv.data(), qkv_width, rows, heads_, kv_heads_, dim, slots,
-                  cache.data_ptr<c10::Half>(), values_offset);
-    } else {
-      write_cache(qkv.data(), qkv_width, rows, heads_, kv_heads_, dim, slots,
-                  cache.data_ptr<float>(), values_offset);
-    }
+    queries_keys_values(w, h, rows, width, products[0], cos[w.rope].data_ptr<float>(),
+                        sin[w.rope].data_ptr<float>(), cache, slots, quantized, x.data(), qkv.data());
     attend_rows(qkv.data(), qkv_width, rows, heads_, dim, cache, row_plans[w.plan], scale_,
                 softcap_, attn.data());
     project(w.o, attn.data(), rows, attn_width, products[1], kernel_, f32_isa_, quantized,

@@ -81,6 +81,14 @@ class DecoderStack {
                const std::vector<int64_t>& products, const std::vector<int64_t>& capture_after,
                const std::vector<torch::Tensor>& captured) const;
 
+  // Layer `index`'s keys and values of hidden [T, hidden_size] (its input) written to its cache
+  // at slot_mapping [T], as forward writes them, and nothing else computed: for rows whose
+  // outputs nobody reads (a learned head's catch-up rows before each request's last, which
+  // later rows attend to). cos, sin [T, 1, head_dim]; product: as forward's for qkv at T rows.
+  void write_keys_values(const torch::Tensor& hidden, int64_t index, const torch::Tensor& cos,
+                         const torch::Tensor& sin, const std::vector<torch::Tensor>& kv_caches,
+                         const torch::Tensor& slot_mapping, int64_t product) const;
+
   // [R, vocab] float32: the LM head's logits of rows `indices` [R] int64 of hidden [T,
   // hidden_size] after the final norm (one call where torch took eight operations); product:
   // as forward's, for a dense LM head at R rows.
@@ -93,6 +101,14 @@ class DecoderStack {
   const std::string& f32_isa() const { return f32_isa_; }
 
  private:
+  // Rows [rows] of h after layer w's input norm (into x) and their queries, keys and values
+  // (into qkv [rows, (heads + 2 kv_heads) head_dim], normed and rotated), the keys and values
+  // written to `cache` at `slots`.
+  void queries_keys_values(const LayerWeights& w, const float* h, int64_t rows, int64_t width,
+                           int64_t product, const float* cos, const float* sin,
+                           const torch::Tensor& cache, const int64_t* slots,
+                           QuantizedRows& quantized, float* x, float* qkv) const;
+
   std::vector<LayerWeights> layers_;
   torch::Tensor final_norm_;  // [2 * hidden] float32, undefined without a head
   LinearLayer lm_head_;

@@ -221,21 +221,45 @@ std::vector<torch::Tensor> EagleChain::draft(const DecoderStack& layer, const to
   auto hidden = torch::empty({rows, d}, torch::kFloat32);
   project_rows(fc_, joined.data(), rows, 2 * d, kCompiled, layer.kernel(), layer.f32_isa(),
                quantized, hidden.data_ptr<float>());
-  layer.forward(hidden, 0, 1, {cos.narrow(0, 0, rows)}, {sin.narrow(0, 0, rows)}, kv_caches,
-                slots.narrow(0, 0, rows), {first_plan}, first_products, {}, {});
+  // Only a request's last catch-up row has an output anybody reads (its logits, its predicted
+  // feature); the rows before it are there for their keys and values alone, so they skip the
+  // attention, the output projection and the MLP, ~60 % of a row's products (a long-idle
+  // request's probe catches up on every position it skipped).
+  const int64_t* last = logits_rows.data_ptr<int64_t>();
+  std::vector<bool> read(rows, false);
+  for (int64_t r = 0; r < requests; ++r) {
+    TORCH_CHECK(0 <= last[r] && last[r] < rows, "logits_rows[", r, "]=", last[r],
+                " is not within [0, ", rows, ")");
+    read[last[r]] = true;
+  }
+  std::vector<int64_t> unread;
+  for (int64_t t = 0; t < rows; ++t) {
+    if (!read[t]) unread.push_back(t);
+  }
+  const torch::Tensor first_cos = cos.narrow(0, 0, rows), first_sin = sin.narrow(0, 0, rows);
+  const torch::Tensor first_slots = slots.narrow(0, 0, rows);
+  if (!unread.empty()) {
+    const torch::Tensor index = int64s(unread);
+    layer.write_keys_values(hidden.index_select(0, index), 0, first_cos.index_select(0, index),
+                            first_sin.index_select(0, index), kv_caches,
+                            first_slots.index_select(0, index), first_products.at(0));
+  }
+  std::vector<torch::Tensor> plan = first_plan;
+  for (size_t k = 1; k < plan.size(); ++k) plan[k] = plan[k].index_select(0, logits_rows);
+  hidden = hidden.index_select(0, logits_rows);  // [R, d]: request r's last row
+  layer.forward(hidden, 0, 1, {first_cos.index_select(0, logits_rows)},
+                {first_sin.index_select(0, logits_rows)}, kv_caches,
+                first_slots.index_select(0, logits_rows), {plan}, chain_products, {}, {});
   std::vector<int64_t> everyone(requests);
   for (int64_t r = 0; r < requests; ++r) everyone[r] = r;
-  std::vector<int64_t> column = choose(layer.logits(hidden, logits_rows, head_product), everyone, 0);
+  std::vector<int64_t> column =
+      choose(layer.logits(hidden, torch::arange(requests, torch::kInt64), head_product), everyone, 0);
 
   auto drafts = torch::full({requests, max_depth}, -1, torch::kInt64);
   int64_t* out = drafts.data_ptr<int64_t>();
   // Per request, its predicted feature: the row of its latest pass.
-  std::vector<float> predicted(requests * d);
-  const int64_t* last = logits_rows.data_ptr<int64_t>();
-  for (int64_t r = 0; r < requests; ++r) {
-    out[r * max_depth] = vocab[column[r]];
-    std::copy_n(hidden.data_ptr<float>() + last[r] * d, d, predicted.data() + r * d);
-  }
+  std::vector<float> predicted(hidden.data_ptr<float>(), hidden.data_ptr<float>() + requests * d);
+  for (int64_t r = 0; r < requests; ++r) out[r * max_depth] = vocab[column[r]];
 
   // Later positions: one row per request still drafting.
   const int64_t* start = chain_start.data_ptr<int64_t>();

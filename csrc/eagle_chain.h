@@ -36,7 +36,9 @@ class EagleChain {
   // first_plan: the first pass's 6 RowPlan tensors; logits_rows [R] int64: each request's last
   // catch-up row; block_tables [R, W] int64 and chain_start [R] int64 (the position of each
   // request's first later row) plan the later positions; depths [R] int64 >= 1;
-  // first_products / chain_products: DecoderStack.forward's products at T and at R rows;
+  // first_products: DecoderStack.forward's products at T rows (of which qkv's runs the rows
+  // before each request's last, whose keys and values alone are computed); chain_products:
+  // at R rows (each request's last catch-up row, then each later position);
   // head_product: the LM head's at R rows; temperature, top_p, min_p [R] float32 and top_k [R]
   // int64: each request's filters (temperature 0: greedy; top_k 0, top_p 1, min_p 0: off);
   // uniforms [R, D] float64: request r's uniform for its draft at position s (its own stream,
