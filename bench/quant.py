@@ -298,7 +298,7 @@ def kernel_table(threads: int) -> list[dict]:
         target.copy_(copy)
     bandwidth = 2 * copy.numel() * 4 * 5 / (time.perf_counter() - start)
     rows = []
-    for m in (1, 2, 5, 16):
+    for m in (1, 2, 5, 16, 17, 32):
         row = {"M": m, "float32 F.linear": step(m, lambda x, w, d: F.linear(x, d))}
         # verispec's own float32 products: F.linear, skinny or compiled per shape and rows, as
         # measured at load.
