@@ -30,7 +30,8 @@ def extensions() -> list:
     if CppExtension is None:
         return []
     sources = ["csrc/binding.cpp", "csrc/attention.cpp", "csrc/qlinear.cpp", "csrc/decoder.cpp",
-               "csrc/eagle_chain.cpp", "csrc/vecmath.cpp", "csrc/f32linear.cpp"] + [f"csrc/qgemm_{isa}.cpp"
+               "csrc/eagle_chain.cpp", "csrc/vecmath.cpp", "csrc/f32linear.cpp",
+               "csrc/sampling.cpp"] + [f"csrc/qgemm_{isa}.cpp"
                                       for isa in ("amx", "avx512vnni", "avxvnni", "avx2", "generic")]
     # -fopenmp: at::parallel_for runs on torch's OpenMP threads only in code compiled with it;
     # without, every range ran on the calling thread. -ffp-contract=off: no fused multiply-adds,

@@ -1,6 +1,7 @@
 // verispec.cpu_kernels: the quantized products (qgemm.h) as torch functions, the activations'
 // quantization, the choice of instruction set from the CPU's flags at run time, the
-// row-by-row paged attention (attention.h) and a quantized model's decoder layers (decoder.h).
+// row-by-row paged attention (attention.h), a quantized model's decoder layers (decoder.h) and
+// the samplers' draws (sampling.h).
 #include <torch/extension.h>
 
 #include <string>
@@ -11,6 +12,7 @@
 #include "eagle_chain.h"
 #include "f32linear.h"
 #include "qlinear.h"
+#include "sampling.h"
 
 namespace verispec {
 namespace {
@@ -84,6 +86,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("supported_isas", &verispec::supported_isas,
              "instruction sets this CPU runs the kernels with, best first");
   module.def("quantize_activations", &verispec::quantize_activations, py::arg("x"));
+  module.def("inverse_cdf", &verispec::inverse_cdf, py::arg("weights"), py::arg("u"));
+  module.def("top_values", &verispec::top_values, py::arg("x"), py::arg("width"));
   module.def("paged_attention_rows", &verispec::paged_attention_rows, py::arg("q"),
              py::arg("kv_cache"), py::arg("block_tables"), py::arg("row_seq"),
              py::arg("row_first"), py::arg("row_visible"), py::arg("row_tree_start"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.quant.kernels import compiled_kernels
 from .metadata import SamplingMetadata
 from .penalties import PrecedingTokens, apply_adjustments
 
@@ -73,7 +74,11 @@ def _top_k_top_p_threshold(
     """Each row's threshold from its `width` largest values, and whether those hold every
     token at or above it (else a wider head may find a lower threshold)."""
     vocab = x.shape[-1]
-    head = x.topk(width, dim=-1).values if width < vocab else x.sort(dim=-1, descending=True).values
+    compiled = compiled_kernels()
+    if width < vocab and compiled is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+        head = compiled.top_values(x.contiguous(), width)  # topk's values, ~3x faster (csrc/sampling.h)
+    else:
+        head = x.topk(width, dim=-1).values if width < vocab else x.sort(dim=-1, descending=True).values
     threshold = torch.full_like(x[:, :1], float("-inf"))
     ordered = head
     if top_k is not None:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..model.quant.kernels import compiled_kernels
 from .types import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 
@@ -75,8 +76,13 @@ def sample_inverse_cdf(
     """One draw per row from weights / sum(weights), using one uniform per row.
 
     The running sum is float64, so rounding cannot favour or starve a token measurably; a token
-    with zero weight is never chosen (searchsorted finds a strictly increasing step).
+    with zero weight is never chosen (searchsorted finds a strictly increasing step). On CPU the
+    compiled kernels draw the same token without the float64 copy and cumsum of every row (at
+    batch 16 those were a third of the sampled verifier's time).
     """
+    compiled = compiled_kernels()
+    if compiled is not None and weights.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64):
+        return compiled.inverse_cdf(weights.contiguous(), u.to(torch.float64).contiguous())
     cdf = weights.double().cumsum(dim=-1)
     target = u * cdf[:, -1]
     index = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]

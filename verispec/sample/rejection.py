@@ -349,7 +349,7 @@ def _native(
     ids = ids.clamp(0, vocab - 1)
     # Rule 4: greedy requests accept while the draft is the target argmax.
     accept = ids == row_argmax[lay.row_of_draft]
-    if not sampling.all_greedy:
+    if not sampling.all_greedy and ids.numel() > 0:  # without drafts, nothing to judge
         # Rule 1: accept x with probability min(1, p/q) as u * q < p; q = 0 rejects.
         row_lse = torch.logsumexp(target, dim=-1)
         p_draft = (target[lay.row_of_draft, ids] - row_lse[lay.row_of_draft]).exp()
