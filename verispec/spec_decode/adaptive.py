@@ -64,9 +64,10 @@ later step, and costs a row now, so it never pays; one of a request on the criti
 saves a whole step. `allot` therefore values a request's tokens at r + s (in units of a), s
 its share of the batch's finish (`finish_shares`): 1/|C| for the requests C expected to run
 longest (remaining tokens over the tokens a step emits for it at its K; within FINISH_SLACK
-of the longest counts), 0 for the rest. The engine knows the remaining tokens only of
-requests that run to max_tokens (ignore_eos, no stop condition or grammar); with requests
-queued, or any whose EOS may come first, every request's share is 1/B, the rate above.
+of the longest counts), 0 for the rest. The engine takes every request to run to its
+max_tokens (EOS may end it sooner, but which request then runs longest nobody knows, and the
+bound never drafts for a request sure to finish first); with requests queued, every
+request's share is 1/B, the rate above.
 
 K only changes speed: whatever K a request gets from its past, its output is exact. K does
 decide which random numbers a sampled request consumes, so the engine prices seeded sampled
