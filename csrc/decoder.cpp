@@ -56,6 +56,25 @@ void check_norm(const torch::Tensor& weight, int64_t width, const char* name) {
               name, " must be contiguous float32 [", 2 * width, "]");
 }
 
+void check_angles(const torch::Tensor& t, int64_t rows, int64_t dim) {
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() == rows * dim,
+              "cos and sin must be contiguous float32 [T, 1, head_dim]");
+}
+
+void check_slots(const torch::Tensor& slot_mapping, int64_t rows) {
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == rows,
+              "slot_mapping must be a contiguous [T] int64 tensor");
+}
+
+void check_cache(const torch::Tensor& cache, int64_t layer, int64_t kv_heads, int64_t dim) {
+  TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.size(3) == kv_heads &&
+                  cache.size(4) == dim &&
+                  (cache.scalar_type() == torch::kHalf || cache.scalar_type() == torch::kFloat32),
+              "kv_caches[", layer, "] must be contiguous [2, blocks, block_size, ", kv_heads, ", ",
+              dim, "] float16 or float32");
+}
+
 void check_product(int64_t product, int64_t rows) {
   TORCH_CHECK(product == kCompiled || product == kLinear || product >= rows, "product ",
               product, " cannot run ", rows, " rows");
@@ -246,19 +265,10 @@ void DecoderStack::write_keys_values(const torch::Tensor& hidden, int64_t index,
                   hidden.is_contiguous() && width == layers_[index].input_norm.numel() / 2,
               "hidden must be a contiguous [T, hidden_size] float32 tensor");
   check_product(product, rows);
-  for (const torch::Tensor* t : {&cos, &sin}) {
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() && t->numel() == rows * dim,
-                "cos and sin must be contiguous float32 [T, 1, head_dim]");
-  }
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
-                  slot_mapping.numel() == rows,
-              "slot_mapping must be a contiguous [T] int64 tensor");
+  for (const torch::Tensor* t : {&cos, &sin}) check_angles(*t, rows, dim);
+  check_slots(slot_mapping, rows);
   const torch::Tensor& cache = kv_caches.at(index);
-  TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.size(3) == kv_heads_ &&
-                  cache.size(4) == dim &&
-                  (cache.scalar_type() == torch::kHalf || cache.scalar_type() == torch::kFloat32),
-              "kv_caches[", index, "] must be contiguous [2, blocks, block_size, ", kv_heads_, ", ",
-              dim, "] float16 or float32");
+  check_cache(cache, index, kv_heads_, dim);
   if (rows == 0) return;
   py::gil_scoped_release released;
   std::vector<float> x(rows * width), qkv(rows * (heads_ + 2 * kv_heads_) * dim);
@@ -304,15 +314,9 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
   }
   TORCH_CHECK(cos.size() == sin.size(), "cos and sin differ in length");
   for (size_t i = 0; i < cos.size(); ++i) {
-    for (const torch::Tensor* t : {&cos[i], &sin[i]}) {
-      TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() &&
-                      t->numel() == rows * dim,
-                  "cos and sin must be contiguous float32 [T, 1, head_dim]");
-    }
+    for (const torch::Tensor* t : {&cos[i], &sin[i]}) check_angles(*t, rows, dim);
   }
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
-                  slot_mapping.numel() == rows,
-              "slot_mapping must be a contiguous [T] int64 tensor");
+  check_slots(slot_mapping, rows);
   std::vector<RowPlan> row_plans;
   for (const auto& plan : plans) {
     row_plans.push_back(RowPlan::of(plan));
@@ -326,12 +330,7 @@ void DecoderStack::forward(torch::Tensor hidden, int64_t begin, int64_t end,
     TORCH_CHECK(w.rope < static_cast<int64_t>(cos.size()) &&
                     w.plan < static_cast<int64_t>(row_plans.size()),
                 "layer ", i, " needs rope ", w.rope, " and plan ", w.plan);
-    const torch::Tensor& cache = kv_caches[i];
-    TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.size(3) == kv_heads_ &&
-                    cache.size(4) == dim &&
-                    (cache.scalar_type() == torch::kHalf || cache.scalar_type() == torch::kFloat32),
-                "kv_caches[", i, "] must be contiguous [2, blocks, block_size, ", kv_heads_, ", ",
-                dim, "] float16 or float32");
+    check_cache(kv_caches[i], i, kv_heads_, dim);
   }
   if (rows == 0) return;
 
