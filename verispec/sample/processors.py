@@ -1,4 +1,5 @@
-"""Logits -> probabilities: the sampling pipeline, batched, native PyTorch.
+"""Logits -> probabilities: the sampling pipeline, batched, native PyTorch (on CPU the top-k /
+top-p head's values come from the compiled kernels, csrc/sampling.h).
 
 Order (docs/design.md, "The sampling pipeline"), identical for draft and target rows:
 CFG combine -> repetition penalty -> frequency / presence penalties -> logit bias ->
