@@ -88,6 +88,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("quantize_activations", &verispec::quantize_activations, py::arg("x"));
   module.def("inverse_cdf", &verispec::inverse_cdf, py::arg("weights"), py::arg("u"));
   module.def("top_values", &verispec::top_values, py::arg("x"), py::arg("width"));
+  module.def("request_keys", &verispec::request_keys, py::arg("seeds"), py::arg("steps"));
+  module.def("uniform", &verispec::uniform, py::arg("keys"), py::arg("positions"), py::arg("purpose"));
+  module.def("fill_below", &verispec::fill_below, py::arg("x"), py::arg("threshold"));
   module.def("paged_attention_rows", &verispec::paged_attention_rows, py::arg("q"),
              py::arg("kv_cache"), py::arg("block_tables"), py::arg("row_seq"),
              py::arg("row_first"), py::arg("row_visible"), py::arg("row_tree_start"),

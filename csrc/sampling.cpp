@@ -3,7 +3,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 namespace verispec {
@@ -49,7 +51,73 @@ void row_top(const float* x, int64_t n, int64_t width, float* out) {
   std::copy(candidates.begin(), candidates.begin() + width, out);
 }
 
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void check_int64s(const torch::Tensor& t, int64_t n, const char* name) {
+  TORCH_CHECK(t.dim() == 1 && t.numel() == n && t.scalar_type() == torch::kInt64 && t.is_contiguous(),
+              name, " must be a contiguous [", n, "] int64 tensor");
+}
+
 }  // namespace
+
+torch::Tensor request_keys(const torch::Tensor& seeds, const torch::Tensor& steps) {
+  const int64_t n = seeds.numel();
+  check_int64s(seeds, n, "seeds");
+  check_int64s(steps, n, "steps");
+  auto out = torch::empty({n}, torch::kInt64);
+  const int64_t* seed = seeds.data_ptr<int64_t>();
+  const int64_t* step = steps.data_ptr<int64_t>();
+  int64_t* key = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    key[i] = static_cast<int64_t>(splitmix64(static_cast<uint64_t>(seed[i]) ^
+                                             splitmix64(static_cast<uint64_t>(step[i]))));
+  }
+  return out;
+}
+
+torch::Tensor uniform(const torch::Tensor& keys, const torch::Tensor& positions, int64_t purpose) {
+  const int64_t n = keys.numel();
+  check_int64s(keys, n, "keys");
+  check_int64s(positions, n, "positions");
+  auto out = torch::empty({n}, torch::kFloat64);
+  const int64_t* key = keys.data_ptr<int64_t>();
+  const int64_t* position = positions.data_ptr<int64_t>();
+  double* u = out.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t counter = static_cast<uint64_t>(position[i]) * 8u + static_cast<uint64_t>(purpose);
+    const uint64_t bits = splitmix64(static_cast<uint64_t>(key[i]) ^ splitmix64(counter));
+    u[i] = (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53;
+  }
+  return out;
+}
+
+torch::Tensor fill_below(const torch::Tensor& x, const torch::Tensor& threshold) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32,
+              "x must be a contiguous [B, V] float32 tensor");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(threshold.numel() == rows && threshold.scalar_type() == torch::kFloat32 &&
+                  threshold.is_contiguous(),
+              "threshold must be a contiguous float32 tensor of ", rows, " values");
+  auto out = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  const float* bound = threshold.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float t = bound[r];
+      const float* row = src + r * n;
+      float* to = dst + r * n;
+      for (int64_t i = 0; i < n; ++i) to[i] = row[i] < t ? minus_inf : row[i];
+    }
+  });
+  return out;
+}
 
 torch::Tensor top_values(const torch::Tensor& x, int64_t width) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32,

@@ -17,4 +17,14 @@ torch::Tensor inverse_cdf(const torch::Tensor& weights, const torch::Tensor& u);
 // found; ~4x faster than topk at a 49,152-wide row and width 256 (sampling.cpp).
 torch::Tensor top_values(const torch::Tensor& x, int64_t width);
 
+// verispec/sample/rng.py's streams on CPU tensors, bit for bit (its int64 splitmix64 is this
+// uint64 one): request_keys(seeds [B], steps [B]) -> [B] int64, and uniform(keys [N],
+// positions [N], purpose) -> [N] float64 in (0, 1). One call where torch took ~20 small ops.
+torch::Tensor request_keys(const torch::Tensor& seeds, const torch::Tensor& steps);
+torch::Tensor uniform(const torch::Tensor& keys, const torch::Tensor& positions, int64_t purpose);
+
+// x [B, V] float32 with -inf where x < threshold [B] (x.masked_fill(x < threshold[:, None],
+// -inf) in one pass, without the mask).
+torch::Tensor fill_below(const torch::Tensor& x, const torch::Tensor& threshold);
+
 }  // namespace verispec

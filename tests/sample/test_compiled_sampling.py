@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from verispec.model.quant.kernels import compiled_kernels
-from verispec.sample import ragged
+from verispec.sample import ragged, rng
 
 
 @pytest.fixture
@@ -51,3 +51,30 @@ def test_top_values_are_topks_values(compiled) -> None:
     assert torch.equal(compiled.top_values(odd, 5), odd.topk(5, dim=-1).values)
     with pytest.raises(RuntimeError, match="width=0"):
         compiled.top_values(x, 0)
+
+
+def test_the_compiled_streams_are_the_tensor_ones(compiled) -> None:
+    edges = [0, 1, -1, 2**63 - 1, -(2**63), 12345, 2**40 + 3]
+    seeds = torch.tensor(edges + list(range(50)), dtype=torch.int64)
+    steps = torch.tensor(list(reversed(edges)) + list(range(0, 500, 10)), dtype=torch.int64)
+    keys = compiled.request_keys(seeds, steps)
+    assert torch.equal(keys, rng.splitmix64(seeds ^ rng.splitmix64(steps)))
+    assert torch.equal(rng.request_keys(seeds, steps), keys)  # the path verispec takes
+    positions = torch.tensor(edges + list(range(50)), dtype=torch.int64)
+    for purpose in (rng.ACCEPT, rng.SAMPLE, rng.DRAFT):
+        bits = rng.splitmix64(keys ^ rng.splitmix64(positions * 8 + purpose))
+        expected = (rng._shr(bits, 11).to(torch.float64) + 0.5) * (2.0 ** -53)
+        assert torch.equal(compiled.uniform(keys, positions, purpose), expected)
+        assert torch.equal(rng.uniform(keys, positions, purpose), expected)
+
+
+def test_fill_below_is_the_masked_fill(compiled) -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 1000, generator=gen)
+    x[0, :10] = float("-inf")
+    x[1, 3] = float("nan")  # kept: NaN < t is false, as masked_fill's mask says
+    threshold = torch.tensor([[0.5], [float("-inf")], [-0.1], [10.0], [x[4].max().item()]])
+    expected = x.masked_fill(x < threshold, float("-inf"))
+    assert torch.equal(compiled.fill_below(x, threshold.reshape(-1)).isnan(), expected.isnan())
+    same = ~expected.isnan()
+    assert torch.equal(compiled.fill_below(x, threshold.reshape(-1))[same], expected[same])

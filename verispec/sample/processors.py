@@ -1,5 +1,5 @@
 """Logits -> probabilities: the sampling pipeline, batched, native PyTorch (on CPU the top-k /
-top-p head's values come from the compiled kernels, csrc/sampling.h).
+top-p head's values and the filter's mask come from the compiled kernels, csrc/sampling.h).
 
 Order (docs/design.md, "The sampling pipeline"), identical for draft and target rows:
 CFG combine -> repetition penalty -> frequency / presence penalties -> logit bias ->
@@ -62,6 +62,9 @@ def apply_top_k_top_p(
     while True:
         threshold, complete = _top_k_top_p_threshold(x, top_k, top_p, width)
         if width == vocab or bool(complete.all()):
+            compiled = compiled_kernels()
+            if compiled is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+                return compiled.fill_below(x.contiguous(), threshold.reshape(-1).contiguous())
             return x.masked_fill(x < threshold, float("-inf"))
         width = min(vocab, width * 8)
 

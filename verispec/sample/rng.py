@@ -6,7 +6,9 @@ numbers whatever else is in its batch, and a batch needs no per-request Python l
 
 The mixing function is splitmix64 (Steele et al. 2014), evaluated on int64 tensors with wrapping
 multiplication; right shifts are masked to behave as logical (unsigned) shifts. ``splitmix64_int``
-is the same function on Python ints, used by the tests to pin the tensor version down.
+is the same function on Python ints, used by the tests to pin the tensor version down. On CPU
+the compiled kernels compute request_keys and uniform in one call each, bit for bit the same
+(csrc/sampling.h).
 
 Terms: the *key* of a request at a step is mix(seed, step); a *purpose* separates the streams a
 request uses at one position (acceptance test, final-token sample).
@@ -17,6 +19,8 @@ from __future__ import annotations
 import random
 
 import torch
+
+from ..model.quant.kernels import compiled_kernels
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -54,7 +58,16 @@ def splitmix64_int(x: int) -> int:
 
 def request_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """seeds: [B] int64, steps: [B] int64 -> [B] int64 keys."""
+    compiled = compiled_kernels()
+    if compiled is not None and _plain(seeds, steps):
+        return compiled.request_keys(seeds.contiguous(), steps.contiguous())
     return splitmix64(seeds ^ splitmix64(steps))
+
+
+def _plain(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are what the compiled streams take: 1-D int64 CPU, of one length."""
+    return a.device.type == b.device.type == "cpu" and a.dtype == b.dtype == torch.int64 \
+        and a.dim() == b.dim() == 1 and a.shape == b.shape
 
 
 def uniform(keys: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
@@ -63,6 +76,9 @@ def uniform(keys: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.
     53 random bits, so every representable step of a float64 in [0, 1) is reachable and the
     value is never exactly 0 or 1 (u * q < p can then never accept a token with p = 0).
     """
+    compiled = compiled_kernels()
+    if compiled is not None and _plain(keys, positions):
+        return compiled.uniform(keys.contiguous(), positions.contiguous(), purpose)
     bits = splitmix64(keys ^ splitmix64(positions * 8 + purpose))
     return (_shr(bits, 11).to(torch.float64) + 0.5) * (2.0 ** -53)
 
