@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 
+#include "checks.h"
 #include "vecmath.h"
 
 namespace verispec {
@@ -103,12 +104,6 @@ void check_floats(const torch::Tensor& t, int64_t rows, int64_t width, const cha
   TORCH_CHECK(t.dim() == 2 && t.scalar_type() == torch::kFloat32 && t.is_contiguous() &&
                   t.size(0) == rows && t.size(1) == width,
               name, " must be a contiguous [", rows, ", ", width, "] float32 tensor");
-}
-
-void check_int64s(const torch::Tensor& t, int64_t n, const char* name) {
-  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == torch::kInt64 && t.is_contiguous() &&
-                  t.numel() == n,
-              name, " must be a contiguous [", n, "] int64 tensor");
 }
 
 // Whether `linear` maps `in` columns to `out`.

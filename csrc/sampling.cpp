@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "checks.h"
+
 namespace verispec {
 namespace {
 
@@ -58,9 +60,9 @@ uint64_t splitmix64(uint64_t x) {
   return z ^ (z >> 31);
 }
 
-void check_int64s(const torch::Tensor& t, int64_t n, const char* name) {
-  TORCH_CHECK(t.dim() == 1 && t.numel() == n && t.scalar_type() == torch::kInt64 && t.is_contiguous(),
-              name, " must be a contiguous [", n, "] int64 tensor");
+// rng.py's mix: a stream's key (or seed) with a counter (a step, or a position and purpose).
+uint64_t mix(int64_t key, uint64_t counter) {
+  return splitmix64(static_cast<uint64_t>(key) ^ splitmix64(counter));
 }
 
 }  // namespace
@@ -74,8 +76,7 @@ torch::Tensor request_keys(const torch::Tensor& seeds, const torch::Tensor& step
   const int64_t* step = steps.data_ptr<int64_t>();
   int64_t* key = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    key[i] = static_cast<int64_t>(splitmix64(static_cast<uint64_t>(seed[i]) ^
-                                             splitmix64(static_cast<uint64_t>(step[i]))));
+    key[i] = static_cast<int64_t>(mix(seed[i], static_cast<uint64_t>(step[i])));
   }
   return out;
 }
@@ -90,7 +91,7 @@ torch::Tensor uniform(const torch::Tensor& keys, const torch::Tensor& positions,
   double* u = out.data_ptr<double>();
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t counter = static_cast<uint64_t>(position[i]) * 8u + static_cast<uint64_t>(purpose);
-    const uint64_t bits = splitmix64(static_cast<uint64_t>(key[i]) ^ splitmix64(counter));
+    const uint64_t bits = mix(key[i], counter);
     u[i] = (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53;
   }
   return out;
