@@ -32,7 +32,8 @@ def extensions() -> list:
     sources = ["csrc/binding.cpp", "csrc/attention.cpp", "csrc/qlinear.cpp", "csrc/decoder.cpp",
                "csrc/eagle_chain.cpp", "csrc/vecmath.cpp", "csrc/f32linear.cpp",
                "csrc/sampling.cpp"] + [f"csrc/qgemm_{isa}.cpp"
-                                      for isa in ("amx", "avx512vnni", "avxvnni", "avx2", "generic")]
+                                      for isa in ("amx", "avx512vnni", "avxvnni", "avx512bw", "avx2",
+                                                  "generic")]
     # -fopenmp: at::parallel_for runs on torch's OpenMP threads only in code compiled with it;
     # without, every range ran on the calling thread. -ffp-contract=off: no fused multiply-adds,
     # so every path performs the operations written (csrc/qgemm_kernel.inc). -fno-trapping-math

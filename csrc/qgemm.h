@@ -50,6 +50,7 @@ struct QGemmArgs {
 // Panels [p0, p1) of y, one function per instruction set (qgemm_<isa>.cpp).
 void qgemm_amx(const QGemmArgs& a, int64_t p0, int64_t p1);
 void qgemm_avx512vnni(const QGemmArgs& a, int64_t p0, int64_t p1);
+void qgemm_avx512bw(const QGemmArgs& a, int64_t p0, int64_t p1);
 void qgemm_avxvnni(const QGemmArgs& a, int64_t p0, int64_t p1);
 void qgemm_avx2(const QGemmArgs& a, int64_t p0, int64_t p1);
 void qgemm_generic(const QGemmArgs& a, int64_t p0, int64_t p1);

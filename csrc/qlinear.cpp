@@ -26,10 +26,11 @@ bool has_avx2() {
          __builtin_cpu_supports("f16c");
 }
 bool has_avxvnni() { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
-bool has_avx512vnni() {
+bool has_avx512bw() {
   return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+         __builtin_cpu_supports("avx512vl");
 }
+bool has_avx512vnni() { return has_avx512bw() && __builtin_cpu_supports("avx512vnni"); }
 // AMX's tile data is off for a process until it asks the kernel for it (Linux 5.16 and later);
 // where that is refused (an older kernel, a hypervisor hiding it), the CPU's flags alone would
 // make the first tile instruction fault.
@@ -50,6 +51,7 @@ const Isa kIsas[] = {
     {"amx", qgemm_amx, has_amx},
     {"avx512vnni", qgemm_avx512vnni, has_avx512vnni},
     {"avxvnni", qgemm_avxvnni, has_avxvnni},
+    {"avx512bw", qgemm_avx512bw, has_avx512bw},
     {"avx2", qgemm_avx2, has_avx2},
     {"generic", qgemm_generic, always},
 };
@@ -74,7 +76,7 @@ Kernel kernel_for(const std::string& name) {
       return isa.kernel;
     }
   }
-  TORCH_CHECK(false, "isa='", name, "' is unknown: expected amx, avx512vnni, avxvnni, avx2 or generic");
+  TORCH_CHECK(false, "isa='", name, "' is unknown: expected amx, avx512vnni, avxvnni, avx512bw, avx2 or generic");
 }
 
 std::vector<std::string> supported_isas() {

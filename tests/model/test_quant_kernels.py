@@ -102,6 +102,10 @@ def test_the_kernels_run_what_the_cpu_has() -> None:
             # amx first where the OS also grants the tile data (not visible in the flags alone).
             assert KERNELS[0] in ("amx", "avx512vnni") and "avx512vnni" in KERNELS
             assert KERNELS[0] != "amx" or " amx_int8" in flags
+        elif " avx512bw" in flags and " avx512vl" in flags:
+            # AVX-512 without VNNI (Skylake-SP): 512-bit pair products, ahead of avx2.
+            assert "avx512bw" in KERNELS and "avx2" in KERNELS
+            assert KERNELS[0] == ("avxvnni" if " avx_vnni" in flags else "avx512bw")
         elif " avx2" in flags:
             assert "avx2" in KERNELS
 

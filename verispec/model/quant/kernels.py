@@ -2,7 +2,8 @@
 
 The compiled kernels (verispec.cpu_kernels, csrc/, built by `make setup`) come in one variant per
 instruction set, chosen at run time from the CPU's flags: amx (AVX-512 VNNI plus AMX-INT8 tiles
-for products of two or more rows, where the OS grants the tiles), avx512vnni, avxvnni, avx2,
+for products of two or more rows, where the OS grants the tiles), avx512vnni, avxvnni, avx512bw
+(AVX-512 without VNNI: 512-bit pair products, half AVX2's instructions per row), avx2,
 generic (scalar C++, any CPU). Where the extension did not build or load, `torch` runs the same
 arithmetic with torch operations. VERISPEC_CPU_KERNEL=<name> forces one (tests, benchmarks).
 
