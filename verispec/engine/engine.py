@@ -40,6 +40,7 @@ import torch
 from ..config import EngineConfig
 from ..model import IncrementalDecoder, LlamaModel, Tokenizer
 from ..model.product_choice import machine_key
+from ..model.quant.kernels import default_kernel
 from ..sample import DraftProbs, SamplingMetadata, rejection_sample, verify_tree
 from ..sample.greedy import greedy_chains, plain_greedy
 from ..sample.metadata import MetadataBuffers
@@ -179,10 +180,13 @@ class LLMEngine:
         self.costs: CostLearner | None = None
         if self.adaptive is not None and spec.learn_costs and spec.row_cost is None and spec.draft_cost is None \
                 and learning_enabled():
-            key = (machine_key(), type(model).__name__, model.config, model.dtype, model.quantized,
-                   type(drafter).__name__, self.tree, [cost(d, n) for d in (1, 2, 4) for n in (1, 4)])
+            # The quantized products' kernel too: forcing another one (or a new variant for this
+            # CPU) changes what a row costs.
+            key = (machine_key(), type(model).__name__, model.config, model.dtype,
+                   model.quantized and default_kernel(), type(drafter).__name__, self.tree, [cost(d, n) for d in (1, 2, 4) for n in (1, 4)])
             self.costs = CostLearner(self.adaptive, row_cost, cost, CostCache(repr(key)))
-        self._step_timing: tuple[int, float] | None = None  # (rows, drafting seconds) of a decode step
+        # (rows, drafting seconds, sampling requests) of a decode step
+        self._step_timing: tuple[int, float, int] | None = None
         # Every chain hash starts from the model, its dtype and whether its weights are
         # quantized: a block's keys and values are a function of these and the token prefix alone.
         root = identity_key("target", type(model).__name__, model.config, model.dtype, model.quantized) \
@@ -348,8 +352,8 @@ class LLMEngine:
                 outputs.append(self._fail(request, error))
         outputs += self._run(plan.scheduled)
         if self.costs is not None and self._step_timing is not None:
-            rows, drafting = self._step_timing
-            self.costs.observe_pass(self.model.padded_rows(rows), time.perf_counter() - start - drafting)
+            rows, drafting, requests = self._step_timing
+            self.costs.observe_pass(self.model.padded_rows(rows), time.perf_counter() - start - drafting, requests)
         return outputs
 
     def _run(self, scheduled: list[ScheduledRequest]) -> list[RequestOutput]:
@@ -407,7 +411,7 @@ class LLMEngine:
         # Only decode steps teach the cost model: a prefill chunk's rows cost what a long
         # sequence's attention does, not what a verify row does.
         if sampling and all(n <= 1 for p in scheduled for n in p.num_new):
-            self._step_timing = (row, drafting)
+            self._step_timing = (row, drafting, len(sampling))
         layers = self.drafter.hidden_layers if self.drafter is not None else ()
         wanted = self._feature_requests(scheduled) if layers else set()
         hidden = None

@@ -31,8 +31,14 @@ class CostCache:
     the cache directory's by default."""
 
     def __init__(self, key: str, path: Path | None = None) -> None:
+        self._name = key
         self.key = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
         self.path = path or cache_dir() / FILE_NAME
+
+    def batch(self, batch_class: int) -> CostCache:
+        """The entry of this key for steps of one batch class (cost_learner.batch_class), in the
+        same file."""
+        return CostCache(f"{self._name} | batch {batch_class}", self.path)
 
     def _read(self) -> dict:
         if not self.path.is_file():
