@@ -14,6 +14,7 @@ llama.cpp's batch 16 runs its own batched API (llama_batch, one sequence per pro
     python bench/quant.py                              # everything, 2 threads, 2 rounds
     python bench/quant.py --llama-python /path/to/python-with-llama_cpp
     python bench/quant.py --skip-kernels --rounds 1
+    python bench/quant.py --engines "verispec 4-bit, no drafts" --kernels avx2   # a kernel side by side
 
 llama-cpp-python is not a dependency: build it from source into any Python
 (CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python) and name that interpreter with
@@ -248,8 +249,11 @@ def worker(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_worker(name: str, python: str, args: argparse.Namespace, prompts_file: Path) -> dict | None:
+def run_worker(name: str, python: str, args: argparse.Namespace, prompts_file: Path,
+               kernel: str | None = None) -> dict | None:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), BENCH_SPAWNED_AT=str(time.time()))
+    if kernel is not None:
+        env["VERISPEC_CPU_KERNEL"] = kernel
     command = [python, __file__, "--worker", name, "--prompts-file", str(prompts_file),
                "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
                "--gguf", args.gguf]
@@ -319,6 +323,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", nargs="*", default=list(ENGINES), choices=list(ENGINES),
                         metavar="NAME")
+    parser.add_argument("--kernels", nargs="*", default=[], metavar="KERNEL",
+                        help="also run each verispec engine with these kernels forced "
+                             "(VERISPEC_CPU_KERNEL), e.g. avx2 beside the default avx512bw")
     parser.add_argument("--llama-python", default=sys.executable)
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/quant.json"))
@@ -347,14 +354,18 @@ def main() -> None:
         printed = Table(*table["rows"][0])
         for row in table["rows"]:
             printed.row(*row.values())
-    results: dict[str, list[dict]] = {name: [] for name in args.engines}
+    # (row name, engine, forced kernel or None)
+    runs = [(name, name, None) for name in args.engines] + [
+        (f"{name}, {kernel} kernel", name, kernel) for name in args.engines
+        if ENGINES[name][0] == "verispec" for kernel in args.kernels]
+    results: dict[str, list[dict]] = {row: [] for row, _, _ in runs}
     for round_number in range(args.rounds):
-        for name in args.engines:
+        for row, name, kernel in runs:
             python = args.llama_python if ENGINES[name][0] == "llama.cpp" else sys.executable
-            result = run_worker(name, python, args, prompts_file)
+            result = run_worker(name, python, args, prompts_file, kernel)
             if result is not None:
-                results[name].append(result)
-                print(f"round {round_number + 1} {name}: {result}", flush=True)
+                results[row].append(result)
+                print(f"round {round_number + 1} {row}: {result}", flush=True)
     rows = []
     for name, runs in results.items():
         if not runs:
