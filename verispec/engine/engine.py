@@ -183,7 +183,8 @@ class LLMEngine:
             # The quantized products' kernel too: forcing another one (or a new variant for this
             # CPU) changes what a row costs.
             key = (machine_key(), type(model).__name__, model.config, model.dtype,
-                   model.quantized and default_kernel(), type(drafter).__name__, self.tree, [cost(d, n) for d in (1, 2, 4) for n in (1, 4)])
+                   model.quantized and default_kernel(), type(drafter).__name__, self.tree,
+                   [cost(d, n) for d in (1, 2, 4) for n in (1, 4)])
             self.costs = CostLearner(self.adaptive, row_cost, cost, CostCache(repr(key)))
         # (rows, drafting seconds, sampling requests) of a decode step
         self._step_timing: tuple[int, float, int] | None = None

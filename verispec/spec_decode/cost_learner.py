@@ -10,7 +10,7 @@ One fit per batch class (the step's sampling requests rounded down to a power of
 ...), because a pass's time is not one line in its rows: on a 2-core Intel Xeon (Skylake-SP,
 4-bit target) a verify row of a lone request added ~1.0 ms to an 8.5 ms step, a row of a
 sixteenth request ~1.7 ms, and one line through both priced batch 1's rows at 0.3 of the step
-instead of 0.12 (kept in the cache, that kept EAGLE from drafting at batch 1 ever after). The
+instead of 0.12; the cache then carried batch 16's price into every later batch-1 run. The
 gate is priced with the fit of the class the engine ran last, re-priced as soon as it changes.
 
 Only greedy and unseeded requests are priced with what was learned: a seeded request's K
