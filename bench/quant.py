@@ -355,12 +355,12 @@ def main() -> None:
         for row in table["rows"]:
             printed.row(*row.values())
     # (row name, engine, forced kernel or None)
-    runs = [(name, name, None) for name in args.engines] + [
+    workers = [(name, name, None) for name in args.engines] + [
         (f"{name}, {kernel} kernel", name, kernel) for name in args.engines
         if ENGINES[name][0] == "verispec" for kernel in args.kernels]
-    results: dict[str, list[dict]] = {row: [] for row, _, _ in runs}
+    results: dict[str, list[dict]] = {row: [] for row, _, _ in workers}
     for round_number in range(args.rounds):
-        for row, name, kernel in runs:
+        for row, name, kernel in workers:
             python = args.llama_python if ENGINES[name][0] == "llama.cpp" else sys.executable
             result = run_worker(name, python, args, prompts_file, kernel)
             if result is not None:

@@ -85,8 +85,8 @@ class CostLearner:
         self._seen += 1
         if self._seen <= self.warmup:
             return
-        switched = batch_class(requests) != self.batch
-        self.batch = batch_class(requests)
+        batch = batch_class(requests)
+        switched, self.batch = batch != self.batch, batch
         costs = self.costs
         costs.observe_pass(padded_rows, seconds)
         n = costs.observed_passes
