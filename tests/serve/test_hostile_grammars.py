@@ -2,8 +2,8 @@
 empty language and a grammar that exhausts the grammar engine's budget are 400s naming the field
 before generation (and ValueErrors offline); a grammar that dead-ends mid-generation ends its
 request with a 400 (streamed: an invalid_request_error event), never a 500; guided_choice takes
-10,000 choices; and hostile requests (tools among them) delay another client's stream by at most
-50 ms."""
+10,000 choices; large bodies are prepared one at a time; and hostile requests (tools among them)
+delay another client's stream by at most 50 ms."""
 
 from __future__ import annotations
 
@@ -90,6 +90,41 @@ def test_ten_thousand_choices(client) -> None:
                                                max_tokens=16, temperature=temperature, seed=1,
                                                extra_body={"guided_choice": choices})
         assert reply.choices[0].message.content in choices and reply.choices[0].finish_reason == "stop"
+
+
+def test_large_bodies_are_prepared_one_at_a_time(served, monkeypatch) -> None:
+    """Bodies of LARGE_BODY_BYTES or more are parsed one after another (their parsing holds the
+    interpreter; several at once stacked up in front of the engine thread), while a small body is
+    not held behind them."""
+    from verispec.serve import app
+
+    url, _ = served
+    spans: list[tuple[bool, float, float]] = []  # (large, start, end) of each parse
+    parse = app.parse_body
+
+    def slow_parse(model, raw):
+        start = time.monotonic()
+        time.sleep(0.3)
+        spans.append((len(raw) >= app.LARGE_BODY_BYTES, start, time.monotonic()))
+        return parse(model, raw)
+
+    monkeypatch.setattr(app, "parse_body", slow_parse)
+    large = json.dumps({"model": MODEL, "prompt": "x" * app.LARGE_BODY_BYTES, "max_tokens": 1}).encode()
+    small = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    with httpx2.Client(base_url=url, timeout=60) as http:
+        def send(body: bytes, delay: float) -> None:
+            time.sleep(delay)
+            http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+
+        threads = [threading.Thread(target=send, args=args) for args in ((large, 0), (large, 0), (small, 0.1))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    big = sorted((start, end) for is_large, start, end in spans if is_large)
+    (small_start,) = [start for is_large, start, _ in spans if not is_large]
+    assert len(big) == 2 and big[1][0] >= big[0][1], big  # the second began after the first ended
+    assert small_start < big[1][1] - 0.1, (small_start, big)  # not queued behind both
 
 
 def _hostile_bodies() -> list[tuple[str, bytes]]:

@@ -184,3 +184,23 @@ def test_whether_a_template_takes_tools_is_read_from_what_it_writes(template, ta
     tok.chat_template = template
     prompt = render_tool_chat(tok, [{"role": "user", "content": "1+2?"}], tool_use([ADD]))
     assert ("[add]" in prompt or '"name": "add"' in prompt) and (DEFAULT_PREAMBLE[:40] in prompt) is not takes
+
+
+def test_limits_refuse_the_size_before_walking_the_schemas() -> None:
+    """check_limits: the callable tools' schemas past max_grammar_bytes are refused on their JSON's
+    size, before any schema's depth is walked (a 6,000-property schema took 40 ms of walking);
+    a schema within the size but too deep is refused naming its tool."""
+    from verispec.config import StructuredOutputConfig
+
+    wide = {"type": "function", "function": {"name": "wide", "parameters": {
+        "type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(200)}}}}
+    use = tool_use([ADD, wide], "required")
+    size = sum(len(t.parameters_json.encode()) for t in use.callable)
+    with pytest.raises(ValueError, match=rf"^tools has more than {size - 1} bytes as a grammar .* alone have {size}\)"
+                                         r".*max_grammar_bytes"):
+        use.check_limits(StructuredOutputConfig(max_grammar_bytes=size - 1))
+    assert all("depth" not in vars(t) for t in use.tools)  # no schema was walked
+    use.check_limits(StructuredOutputConfig(max_grammar_bytes=size, max_schema_depth=5))  # each 3 deep, + 2
+    with pytest.raises(ValueError, match=r"^tools\[0\]\.function\.parameters is nested 5 levels deep in a call"):
+        use.check_limits(StructuredOutputConfig(max_grammar_bytes=size, max_schema_depth=4))
+    assert [t.depth for t in use.tools] == [3, 3]

@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +43,8 @@ from .responses import Formatter, usage
 from .speculation import SpeculationTrace, describe_drafter
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+LARGE_BODY_BYTES = 64 * 1024  # bodies from this size on are prepared one at a time (build_app)
+Prepared = tuple[CompletionRequest | ChatRequest, Formatter, list[Submission]]
 
 
 def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), web_ui: bool = True) -> FastAPI:
@@ -164,14 +166,25 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
         return JSONResponse(fmt.whole(list(enumerate(finals)), _usage(finals, body.n))
                             | {"spec_decode_stats": _spec_stats(finals)})
 
+    # Bodies of LARGE_BODY_BYTES or more are prepared one at a time: their parsing and checks
+    # hold the interpreter (a 2.3 MB body, 20 ms in the JSON parser's one C call), and a stream
+    # waited for several of them at once when they took turns with the engine thread.
+    large_bodies = asyncio.Semaphore(1)
+
+    async def off_loop(prepare: Callable[[bytes], Prepared], raw: bytes) -> Prepared:
+        if len(raw) < LARGE_BODY_BYTES:
+            return await asyncio.to_thread(prepare, raw)
+        async with large_bodies:
+            return await asyncio.to_thread(prepare, raw)
+
     # The bodies (CompletionRequest, ChatRequest) are read raw and parsed by prepare_*: body.py.
     @app.post("/v1/completions")
     async def completions(http: Request) -> Response:
-        return await respond(http, *await asyncio.to_thread(prepare_completion, await http.body()))
+        return await respond(http, *await off_loop(prepare_completion, await http.body()))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Response:
-        return await respond(http, *await asyncio.to_thread(prepare_chat, await http.body()))
+        return await respond(http, *await off_loop(prepare_chat, await http.body()))
 
     @app.get("/v1/models")
     async def models() -> dict:

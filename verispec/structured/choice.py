@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import repeat
 
 
 _CHUNK = 2_000  # choices per C-level call: about a millisecond of holding the interpreter
@@ -19,8 +20,9 @@ def choice_grammar(choices: Sequence[str], max_bytes: int | None = None) -> str:
     """ValueError naming guided_choice unless `choices` is a non-empty list of non-empty strings
     whose grammar has at most `max_bytes` (as UTF-8; None: any size), found before the rest of
     an oversized list is built."""
+    # all() over map() runs in C: a generator's Python frame per choice took 50 ms at 100,000.
     if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices \
-            or not all(isinstance(c, str) and c for c in choices):
+            or not all(map(isinstance, choices, repeat(str))) or not all(choices):
         raise ValueError("guided_choice is invalid: expected a non-empty list of non-empty strings")
     # Duplicates would only make the automaton larger. json.dumps of a list is C code, about 10x
     # faster than one call per choice, but it holds the interpreter while it runs (100 ms at
