@@ -86,9 +86,8 @@ class ToolUse:
                              f"tools' parameter schemas alone have {size}): expected at most "
                              f"{config.max_grammar_bytes} (the grammar size limit, max_grammar_bytes)")
         for i, tool in enumerate(self.tools):
-            depth = tool.depth + 2
-            if tool in self.callable and depth > config.max_schema_depth:
-                raise ValueError(f"tools[{i}].function.parameters is nested {depth} levels deep in a call: "
+            if tool in self.callable and tool.depth + 2 > config.max_schema_depth:
+                raise ValueError(f"tools[{i}].function.parameters is nested {tool.depth + 2} levels deep in a call: "
                                  f"expected at most {config.max_schema_depth} (the schema depth limit, "
                                  "max_schema_depth)")
 
