@@ -9,7 +9,8 @@ A request's n samples (and, for completions, its prompts) are queued together, a
 ServeLimits.max_choices of them, and share engine steps with every other request in flight; the
 scheduler admits them as one group, taking turns with other requests. A client that disconnects
 has its requests aborted before the next engine step, which frees their KV blocks. Bodies over
-ServeLimits.max_request_bytes are refused before they are parsed (limits.py).
+ServeLimits.max_request_bytes are refused before they are parsed (limits.py); bodies are parsed
+and checked off the event loop (body.py), those of LARGE_BODY_BYTES or more one at a time.
 """
 
 from __future__ import annotations
