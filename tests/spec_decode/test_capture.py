@@ -34,6 +34,7 @@ def _engine(draft_cost: DraftCost | None = None, adaptive: bool = True,
     priced `draft_cost` (at 0.3 of a step a call, K stays 0 and only probes draft, 37 steps apart
     and more), and the log of its target passes ("plain" / "captured")."""
     drafter = EagleDrafter(learned.untrained("eagle"), num_blocks=1024, block_size=4)
+    drafter.class_priors = ()  # an untrained head: the generic prior, not the shipped head's HEAD_PRIOR
     if lookup:
         drafter = HybridDrafter(NgramDrafter(min_n=2, num_speculative_tokens=3), drafter)
     spec = SpeculativeConfig(method="ngram+eagle" if lookup else "eagle", num_speculative_tokens=3,

@@ -21,8 +21,9 @@ from .step_costs import LearnedCosts
 _log = logging.getLogger(__name__)
 # 2: fits that no longer count probes' drafting calls (a probe catches up on the positions
 # skipped at K = 0) nor a hybrid's lookup drafts; a fit of format 1 priced EAGLE's calls up to 4x
-# too high.
-FORMAT = 2
+# too high. 3: EAGLE's declared prices (the scales' unit) are its compiled call's, about half of
+# format 2's; a learner that only ever probed kept format 2's scale 1 on them.
+FORMAT = 3
 FILE_NAME = "step-costs.json"
 
 

@@ -59,14 +59,21 @@ from .trees import GrownTree, TreeBatch, TreeShape
 # One head pass per draft position (the first also feeds the newly confirmed features): the
 # EAGLE layer and the restricted LM head, 0.09 of the target step's fixed cost, plus 0.011 per
 # drafting request (the embedded model on CPU, measured with bench/draft_cost.py). Against the
-# 4-bit target's step, about 8x cheaper, the quantized head's passes and their Python cost more:
-# pass by pass from Python (its layer compiled, EagleHead.compile_layer), 0.51 of the step at
-# depth 1 and 1.17 at depth 4 on an Intel Xeon with AVX-512 VNNI (2026-11-27, int8 head), 0.58
-# and 1.54 on an AVX2 AMD EPYC; in one compiled call (EagleHead.chain_drafts, 4-bit head,
-# greedy) 0.22 and 0.39 on the same Xeon. The declared numbers price seeded (sampled) requests;
-# the engine learns the machine's own prices from them (spec_decode/step_costs.py).
+# 4-bit target's step, about 8x cheaper, the quantized head costs more: pass by pass from Python
+# (what a request with penalties, a bias or a grammar still gets) 0.51 of the step at depth 1 and
+# 1.17 at depth 4 on an Intel Xeon with AVX-512 VNNI (2026-11-27, int8 head), 0.58 and 1.54 on an
+# AVX2 AMD EPYC. Greedy and plain sampled requests draft in one compiled call (EagleHead.chain_drafts,
+# 4-bit head), the prices declared here: 0.22 and 0.39 on that Xeon; 0.235 and 0.37 at batch 1,
+# 0.55 and 1.13 for 8 requests on an AVX-512 Xeon without VNNI (Skylake-SP, 2026-11-28: 1.2 ms a
+# call, 0.2 a request, 0.2 a position and 0.15 a request's position, against a step of ~7.5 ms).
+# The engine learns the machine's own prices from these (spec_decode/step_costs.py).
 EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
-EAGLE_COST_QUANTIZED = DraftCost(per_call=0.25, per_request=0.05, per_position=0.18, per_row=0.045)
+EAGLE_COST_QUANTIZED = DraftCost(per_call=0.16, per_request=0.025, per_position=0.03, per_row=0.02)
+# How often the target takes a head's first draft before any is judged: the shipped head's on the
+# issue-46 prompt classes (1.43 tokens per step at K = 1, greedy, 4-bit target, 2026-11-28).
+# Beside the adaptive K's generic 0.3, which is below the head's break-even on the 4-bit target
+# (~0.4 at batch 1), no request drafted long enough to show that K = 1 paid (1.09x no drafts).
+HEAD_PRIOR = 0.43
 
 
 class EagleDrafter(Drafter):
@@ -76,6 +83,9 @@ class EagleDrafter(Drafter):
     EAGLE_COST_QUANTIZED for a quantized one)."""
 
     drafts_over_holes = True
+    # One class, so that the adaptive K learns the head's acceptance from all requests' drafts
+    # and a new request starts from it (spec_decode/adaptive.py), not from one probe of its own.
+    class_priors = (HEAD_PRIOR,)
 
     def __init__(self, head: EagleHead, num_blocks: int = 1024, block_size: int = 16,
                  prefix_caching: bool = True, cost: DraftCost = EAGLE_COST) -> None:
