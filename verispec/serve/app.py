@@ -16,9 +16,9 @@ and checked off the event loop (body.py), those of LARGE_BODY_BYTES or more one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -52,7 +52,7 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
     metrics = ServeMetrics(llm.engine)
     engine = AsyncEngine(llm.engine, metrics)
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # llguidance's view of the tokenizer, built before any stream runs: it holds the
         # interpreter throughout (about 0.5 s for SmolLM2's 49k tokens), which the first
@@ -173,9 +173,7 @@ def build_app(llm: LLM, model_name: str, limits: ServeLimits = ServeLimits(), we
     large_bodies = asyncio.Semaphore(1)
 
     async def off_loop(prepare: Callable[[bytes], Prepared], raw: bytes) -> Prepared:
-        if len(raw) < LARGE_BODY_BYTES:
-            return await asyncio.to_thread(prepare, raw)
-        async with large_bodies:
+        async with large_bodies if len(raw) >= LARGE_BODY_BYTES else contextlib.nullcontext():
             return await asyncio.to_thread(prepare, raw)
 
     # The bodies (CompletionRequest, ChatRequest) are read raw and parsed by prepare_*: body.py.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from ..config import StructuredOutputConfig
@@ -30,19 +30,17 @@ class Tool:
     """One function a model may call: its name, description ("" if none), the JSON Schema of
     its arguments (as JSON text, so a Tool is hashable and its schema immutable; the call
     grammar and the default preamble splice the text in, rather than parsing and writing it
-    again: a large schema's JSON holds the interpreter while it is parsed or written); `schema`
-    is the parsed schema it was written from, kept for `depth`."""
+    again: a large schema's JSON holds the interpreter while it is parsed or written)."""
 
     name: str
     description: str
     parameters_json: str
-    schema: object = field(compare=False, repr=False)
 
     @cached_property
     def depth(self) -> int:
         """The schema's nesting depth: a walk of every node (40 ms for 6,000 properties), taken
         only when ToolUse.check_limits gets past the size of the schemas."""
-        return json_depth(self.schema)
+        return json_depth(self.parameters)
 
     @property
     def parameters(self) -> dict:
@@ -120,7 +118,7 @@ def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
             parameters_json = json.dumps(parameters, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError) as error:
             raise ValueError(f"{at}.function.parameters cannot be written as JSON: {error}") from None
-        tools.append(Tool(name, description, parameters_json, parameters))
+        tools.append(Tool(name, description, parameters_json))
     names = [t.name for t in tools]
     for i, name in enumerate(names):
         if name in names[:i]:
