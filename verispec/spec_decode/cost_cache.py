@@ -22,8 +22,9 @@ _log = logging.getLogger(__name__)
 # 2: fits that no longer count probes' drafting calls (a probe catches up on the positions
 # skipped at K = 0) nor a hybrid's lookup drafts; a fit of format 1 priced EAGLE's calls up to 4x
 # too high. 3: EAGLE's declared prices (the scales' unit) are its compiled call's, about half of
-# format 2's; a learner that only ever probed kept format 2's scale 1 on them.
-FORMAT = 3
+# format 2's; a learner that only ever probed kept format 2's scale 1 on them. 4: EAGLE's call
+# price without the Python its inputs took (per_call 0.16 -> 0.08).
+FORMAT = 4
 FILE_NAME = "step-costs.json"
 
 

@@ -46,8 +46,9 @@ import torch
 from ..config import DraftCost, DynamicTree
 from ..runtime.kv_cache import BlockManager
 from ..runtime.prefix_cache import block_hash, extend_chain, identity_key
-from ..runtime.runner import Feed, ModelRunner, StepInputs
+from ..runtime.runner import Feed, ModelRunner
 from .base import DraftBatch, Drafter, DraftRequest, FedTokens
+from .chain_inputs import chain_inputs
 from ..sample import SamplingMetadata
 from ..sample.rng import DRAFT, uniform
 from .draft_sampling import draft_metadata, grow_tree_batch, sample_from_draft_vocab, widen_probs
@@ -63,12 +64,13 @@ from .trees import GrownTree, TreeBatch, TreeShape
 # (what a request with penalties, a bias or a grammar still gets) 0.51 of the step at depth 1 and
 # 1.17 at depth 4 on an Intel Xeon with AVX-512 VNNI (2026-11-27, int8 head), 0.58 and 1.54 on an
 # AVX2 AMD EPYC. Greedy and plain sampled requests draft in one compiled call (EagleHead.chain_drafts,
-# 4-bit head), the prices declared here: 0.22 and 0.39 on that Xeon; 0.235 and 0.37 at batch 1,
-# 0.55 and 1.13 for 8 requests on an AVX-512 Xeon without VNNI (Skylake-SP, 2026-11-28: 1.2 ms a
-# call, 0.2 a request, 0.2 a position and 0.15 a request's position, against a step of ~7.5 ms).
+# 4-bit head) with its inputs built in one tensor (spec_decode/chain_inputs.py), the prices
+# declared here: 0.155 of a step at depth 1 and 0.207 at depth 2 for one request on an AVX-512
+# Xeon without VNNI (Skylake-SP, 2026-11-28: 1.22 / 1.63 ms against a 7.9 ms step; 0.235 / 0.29
+# before the inputs were built in one tensor, and 0.55 for 8 requests at depth 1).
 # The engine learns the machine's own prices from these (spec_decode/step_costs.py).
 EAGLE_COST = DraftCost(per_position=0.09, per_row=0.011)
-EAGLE_COST_QUANTIZED = DraftCost(per_call=0.16, per_request=0.025, per_position=0.03, per_row=0.02)
+EAGLE_COST_QUANTIZED = DraftCost(per_call=0.08, per_request=0.025, per_position=0.03, per_row=0.02)
 # How often the target takes a head's first draft before any is judged: the shipped head's on the
 # issue-46 prompt classes (1.43 tokens per step at K = 1, greedy, 4-bit target, 2026-11-28).
 # Beside the adaptive K's generic 0.3, which is below the head's break-even on the 4-bit target
@@ -98,6 +100,7 @@ class EagleDrafter(Drafter):
         self._confirmed: dict[str, int] = {}  # head positions fed true features, per request
         self._hashes: dict[str, list[bytes]] = {}  # per request, the chain of its head blocks
         self._holes: dict[str, int] = {}  # per request, the first head position fed a zero feature
+        self._greedy: dict[tuple[int, int], tuple] = {}  # (requests, depth) -> _greedy_filters
 
     def draft_cost(self, depth: int, num_requests: int) -> float:
         return self.cost(depth, num_requests)
@@ -140,10 +143,10 @@ class EagleDrafter(Drafter):
         if not active:
             return DraftBatch(drafts)
         sampling = draft_metadata(requests, self.runner.device)
-        step = self.runner.inputs(feeds)
         if self.head.drafts_in_one_call and (sampling is None or (sampling.adjustments is None
                                                                   and sampling.grammars is None)):
-            return self._chains(requests, active, step, torch.cat(hidden), sampling)
+            return self._chains(requests, active, feeds, torch.cat(hidden), sampling)
+        step = self.runner.inputs(feeds)
         fed = self.head.features(torch.cat(hidden))
         position = 0
         while active:
@@ -174,41 +177,40 @@ class EagleDrafter(Drafter):
         flat = [q for per_request in rows for q in per_request]
         return DraftBatch(drafts, torch.stack(flat) if flat else None)
 
-    def _chains(self, requests: Sequence[DraftRequest], active: list[int], step: StepInputs,
+    def _chains(self, requests: Sequence[DraftRequest], active: list[int], feeds: list[Feed],
                 hidden: torch.Tensor,  # [T, n * d] the first pass's stored hidden states
                 sampling: SamplingMetadata | None,  # draft_metadata's: no penalties, bias, masks or grammar
                 ) -> DraftBatch:
-        """propose's drafts in one compiled call (EagleHead.chain_drafts): the first pass as
-        `step` plans it, then draft position s of request r at its newest token's position
-        + s - 1, in the slots _sync reserved; a sampled request draws its draft at position s
-        with the DRAFT stream's uniform at s, as the passes would (sample_from_draft_vocab)."""
-        depths = [requests[i].num_draft_tokens for i in active]
-        starts = [len(requests[i].token_ids) - 1 for i in active]
-        slots = [self.blocks.slot_mapping(requests[i].request_id, start, start + depth - 1)
-                 for i, start, depth in zip(active, starts, depths)]
-        later = [(start + s - 1, own[s - 1] if s < depth else 0)
-                 for s in range(1, max(depths)) for start, depth, own in zip(starts, depths, slots)]
-        positions, later_slots = torch.tensor(later, dtype=torch.int64).reshape(-1, 2).T
-        count, depth = len(active), max(depths)
+        """propose's drafts in one compiled call (EagleHead.chain_drafts): the first pass over
+        `feeds`, then draft position s of request r at its newest token's position + s - 1, in
+        the slots _sync reserved; a sampled request draws its draft at position s with the DRAFT
+        stream's uniform at s, as the passes would (sample_from_draft_vocab)."""
+        inputs = chain_inputs(self.blocks, feeds, [requests[i].num_draft_tokens for i in active])
+        count, depth = len(active), max(inputs.depths)
         if sampling is None:
-            filters = (torch.zeros(count), torch.zeros(count, dtype=torch.int64), torch.ones(count), torch.zeros(count))
-            uniforms = torch.zeros(count, depth, dtype=torch.float64)
+            filters, uniforms = self._greedy_filters(count, depth)
         else:
             rows = torch.tensor(active, dtype=torch.int64, device=sampling.keys.device)
             filters = tuple(f[rows].cpu() for f in (sampling.temperature, sampling.top_k, sampling.top_p,
                                                     sampling.min_p))
             draws = torch.arange(depth, device=rows.device).repeat(count)
             uniforms = uniform(sampling.keys[rows].repeat_interleave(depth), draws, DRAFT).view(count, depth).cpu()
-        chains, q = self.head.chain_drafts(hidden, step.input_ids, step.positions, step.attn, step.logits_rows,
-                                           self.runner.kv_caches, positions.contiguous(), later_slots.contiguous(),
-                                           step.attn.block_tables, starts, depths, filters, uniforms)
+        chains, q = self.head.chain_drafts(hidden, inputs, self.runner.kv_caches, filters, uniforms)
         drafts: list[list[int]] = [[] for _ in requests]
         for i, chain in zip(active, chains):
             drafts[i] = chain
         if q is None:
             return DraftBatch(drafts)
-        drawn = torch.cat([q[r, :d] for r, d in enumerate(depths)])  # [drafts, N], request by request
+        drawn = torch.cat([q[r, :d] for r, d in enumerate(inputs.depths)])  # [drafts, N], request by request
         return DraftBatch(drafts, widen_probs(drawn, self.head.draft_vocab, self.head.config.target_vocab_size))
+
+    def _greedy_filters(self, count: int, depth: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """chain_drafts's filters and uniforms for `count` greedy requests (never written: kept)."""
+        if (count, depth) not in self._greedy:
+            self._greedy[count, depth] = ((torch.zeros(count), torch.zeros(count, dtype=torch.int64),
+                                           torch.ones(count), torch.zeros(count)),
+                                          torch.zeros(count, depth, dtype=torch.float64))
+        return self._greedy[count, depth]
 
     @torch.inference_mode()
     def propose_tree(self, requests: Sequence[DraftRequest], shape: TreeShape,

@@ -43,6 +43,7 @@ from ..model.linear import Linear
 from ..model.llama import DecoderLayer, rms_norm
 from ..model.quant.decoder import build_eagle_chain, build_stack, product_code, stack_products
 from ..model.rotary import RotaryEmbedding
+from .chain_inputs import ChainInputs
 
 KINDS = ("eagle", "medusa")
 METADATA_KEY = "verispec.head"
@@ -200,6 +201,7 @@ class EagleHead(_Head):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, target.dtype, target.device)
         self._stack = None  # the layer as one compiled call (compile_layer), or None
         self._chain = None  # a fused head's greedy drafting as one compiled call (compile_layer), or None
+        self._product_codes: dict[int, list[int]] = {}  # rows -> stack_products (_products)
         if config.fused_layers:
             self.fuse = Linear(len(config.fused_layers) * d, d, target.dtype, target.device, target.widening)
             self.norm = nn.Parameter(torch.ones(2 * d, dtype=target.dtype, device=target.device))  # doubled, see rms_norm
@@ -244,6 +246,7 @@ class EagleHead(_Head):
         run in the stack too (row_logits)."""
         self._stack = build_stack([self.layer], [0], [0], self.norm if self.config.fused_layers else None,
                                   self.lm_head)
+        self._product_codes.clear()  # the layer's parts may have been quantized since
         if self._stack is not None and self._stack.has_head:  # a fused head's
             with torch.no_grad():
                 table = self._target_embed(self.draft_vocab)  # [N, d]
@@ -259,16 +262,8 @@ class EagleHead(_Head):
     def chain_drafts(
         self,
         hidden: torch.Tensor,  # [T, len(fused_layers) * d] the catch-up rows' target hidden states
-        input_ids: torch.Tensor,  # [T] int64, x_{t+1} of each catch-up row
-        positions: torch.Tensor,  # [T] int64
-        attn: AttentionMetadata,  # of the catch-up rows in the head's cache
-        logits_rows: torch.Tensor,  # [R] int64, each request's last catch-up row
+        inputs: ChainInputs,  # the call's rows, in the head's cache
         kv_caches: list[torch.Tensor],
-        later_positions: torch.Tensor,  # [(D - 1) R] int64, position s's row of request r at (s - 1) R + r
-        later_slots: torch.Tensor,  # [(D - 1) R] int64, those rows' cache slots
-        block_tables: torch.Tensor,  # [R, W] int64, each request's blocks
-        chain_start: list[int],  # per request, the position of its first later row
-        depths: list[int],  # per request, its drafts (>= 1); D = max(depths)
         filters: tuple[torch.Tensor, ...],  # [R] each: temperature (0: greedy), top_k, top_p, min_p
         uniforms: torch.Tensor,  # [R, D] float64, request r's uniform for its draft at position s
     ) -> tuple[list[list[int]], torch.Tensor | None]:  # drafts; q [R, D, N] (None: all greedy)
@@ -276,15 +271,21 @@ class EagleHead(_Head):
         draw at its uniform from its filtered distribution otherwise), the whole chain in one
         compiled call (csrc/eagle_chain.h): what `forward` and `row_logits` compute position by
         position, without Python between the positions."""
-        cos, sin = self.rotary.angles(torch.cat((positions, later_positions)))
+        cos, sin = self.rotary.angles(inputs.positions)
+        rows, requests = len(inputs.input_ids), len(inputs.depths)
         drafts, q = self._chain.draft(
-            self._stack, hidden.contiguous(), self._target_embed(input_ids).float().contiguous(),
-            cos.contiguous(), sin.contiguous(), kv_caches, torch.cat((attn.slot_mapping, later_slots)),
-            AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True).rows.tensors(), logits_rows,
-            block_tables, torch.tensor(chain_start, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64),
-            stack_products(self.layer, len(input_ids)), stack_products(self.layer, len(depths)),
-            product_code(self.lm_head, len(depths)), *(f.contiguous() for f in filters), uniforms.contiguous())
-        return [row[:depth] for row, depth in zip(drafts.tolist(), depths)], q if q.numel() else None
+            self._stack, hidden.contiguous(), self._target_embed(inputs.input_ids).float().contiguous(),
+            cos.contiguous(), sin.contiguous(), kv_caches, inputs.slots, inputs.plan, inputs.logits_rows,
+            inputs.block_tables, inputs.chain_start, torch.tensor(inputs.depths, dtype=torch.int64),
+            self._products(rows), self._products(requests), product_code(self.lm_head, requests),
+            *(f.contiguous() for f in filters), uniforms.contiguous())
+        return [row[:depth] for row, depth in zip(drafts.tolist(), inputs.depths)], q if q.numel() else None
+
+    def _products(self, rows: int) -> list[int]:
+        """stack_products of the layer at `rows` rows, kept: they depend on the count alone."""
+        if rows not in self._product_codes:
+            self._product_codes[rows] = stack_products(self.layer, rows)
+        return self._product_codes[rows]
 
     def forward(
         self,
@@ -300,7 +301,7 @@ class EagleHead(_Head):
             plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2], rowwise=True)
             x = x.contiguous()
             self._stack.forward(x, 0, 1, [cos], [sin], kv_caches, attn.slot_mapping,
-                                [plan.rows.tensors()], stack_products(self.layer, len(x)))
+                                [plan.rows.tensors()], self._products(len(x)))
             return x
         plan = AttentionPlan(attn, block_size=kv_caches[0].shape[2],
                              widen_decode=self.widening is not None)
