@@ -15,6 +15,7 @@ from verispec import SamplingParams
 from verispec.config import DraftCost
 from verispec.engine import engine as engine_module
 from verispec.files import seal
+from verispec.runtime.row_cost import measure_row_cost
 from verispec.spec_decode.adaptive import AdaptiveK
 from verispec.spec_decode.cost_cache import CostCache
 from verispec.spec_decode.cost_learner import CostLearner, batch_class
@@ -234,3 +235,43 @@ def test_a_quantized_model_learns_its_costs_per_kernel(tmp_path, monkeypatch) ->
     assert keys["avx2"] != keys["generic"]
     monkeypatch.setattr(engine_module, "default_kernel", lambda: "avx2")
     assert tiny_engine(model, NgramDrafter(1, 3, 4), k=4).costs.cache.key == keys["avx2"]
+
+
+def test_a_fresh_engine_prices_rows_as_passes_timed_at_load(tmp_path, monkeypatch) -> None:
+    # The declared row cost is a guess across CPUs (0.6 for 4-bit weights, 0.16 measured on a
+    # Skylake-SP Xeon): where it is too dear the gate never drafts, so passes of more than one
+    # row never come to correct it. A fresh engine times its own; a later one keeps that.
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("VERISPEC_LEARN_COSTS", "1")
+    model = tiny_model(3, vocab=16)
+    measured = []
+    monkeypatch.setattr(engine_module, "measure_row_cost", lambda *args: measured.append(args) or 0.05)
+    engine = tiny_engine(model, NgramDrafter(1, 3, 4), k=4)
+    assert len(measured) == 1 and engine.adaptive.row_cost == pytest.approx(0.05)
+    assert engine.adaptive.table(1) != engine.adaptive.table(1, declared=True)  # cheaper rows: more drafts
+    assert engine.costs.cache.batch(1).load().row_cost == pytest.approx(0.05)
+    again = tiny_engine(model, NgramDrafter(1, 3, 4), k=4)
+    assert len(measured) == 1 and again.adaptive.row_cost == pytest.approx(0.05)
+    # Timings that do not fit (None) leave the declared price.
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path / "other"))
+    monkeypatch.setattr(engine_module, "measure_row_cost", lambda *args: None)
+    unmeasured = tiny_engine(model, NgramDrafter(1, 3, 4), k=4)
+    assert unmeasured.adaptive.row_cost == unmeasured.adaptive.declared_row_cost
+
+
+@pytest.mark.parametrize("quantization", [None, (4, 32)])
+def test_the_row_cost_is_timed_on_a_scratch_sequence_that_is_freed(quantization) -> None:
+    model = tiny_model(3, vocab=16, quantization=quantization)
+    engine = tiny_engine(model)
+    reference = tiny_engine(model)
+    for e in (engine, reference):
+        e.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=12))
+    expected = run_all(reference)
+    engine.step()  # a request mid-flight: its cache must come through untouched
+    free = engine.blocks.num_free_blocks
+    row_cost = measure_row_cost(engine.runner, engine.blocks, model.config.vocab_size, model.padded_rows)
+    assert row_cost is None or 0 < row_cost < float("inf")
+    assert engine.blocks.num_free_blocks == free
+    assert [o.token_ids for o in run_all(engine).values()] == [o.token_ids for o in expected.values()]
+    full = tiny_engine(model, num_blocks=4)  # no room for the scratch sequence: nothing timed
+    assert measure_row_cost(full.runner, full.blocks, model.config.vocab_size, model.padded_rows) is None

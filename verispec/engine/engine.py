@@ -57,6 +57,7 @@ from ..spec_decode.metrics import SpecDecodeStats
 from ..spec_decode.trace import StepRecord, ends_in_bonus
 from ..runtime.kv_cache import BlockManager
 from ..runtime.prefix_cache import identity_key
+from ..runtime.row_cost import measure_row_cost
 from .request import FinishReason, Request
 from ..runtime.runner import Feed, ModelRunner
 from ..runtime.static_step import StaticShapes
@@ -197,6 +198,9 @@ class LLMEngine:
                                    window=window)
         self.scheduler = Scheduler(config, self.blocks, prefix_limit=None if drafter is None else self._prefix_limit)
         self.runner = ModelRunner(model, self.blocks, *_static_shapes(config, model))
+        if self.costs is not None:
+            self.costs.calibrate(lambda: measure_row_cost(self.runner, self.blocks, model.config.vocab_size,
+                                                          model.padded_rows))
         # Padded steps keep the sampler's per-step tensors in buffers too (sample/metadata.py).
         self._metadata_buffers = MetadataBuffers(model.device) if self.runner.static is not None else None
         self.vocab_size = model.config.vocab_size

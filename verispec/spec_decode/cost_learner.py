@@ -17,6 +17,11 @@ Only greedy and unseeded requests are priced with what was learned: a seeded req
 decides which random numbers it consumes, so it keeps the declared constants (the gate's
 `declared` lookups) and its output does not depend on how fast the machine was.
 
+Where no earlier run's batch-1 fit is kept, the engine times a few passes at load (`calibrate`,
+runtime/row_cost.py) and the batch-1 fit starts from the row cost they show instead of the
+declared one: a declared price too dear for this machine keeps the gate from drafting, and so
+from the passes of several row counts that would correct it.
+
 VERISPEC_LEARN_COSTS=0 turns learning off for every engine of the process (the declared
 constants throughout, as SpeculativeConfig.learn_costs=False does for one): for runs whose
 drafting must not depend on the machine's load, such as the test suite's.
@@ -70,6 +75,21 @@ class CostLearner:
             prior = None if self.cache is None else self.cache.batch(self.batch).load()
             fit = self._fits[self.batch] = StepCosts(*self._declared, prior=prior)
         return fit
+
+    def calibrate(self, measure: Callable[[], float | None]) -> None:
+        """Starts the batch-1 fit from `measure()`'s row cost (timed passes: runtime/row_cost.py;
+        None when they could not run) unless an earlier run's batch-1 fit is kept, and keeps it
+        for the next engine on this machine."""
+        if self.cache is not None and self.cache.batch(1).load() is not None:
+            return
+        row_cost = measure()
+        if row_cost is None:
+            return
+        fit = self._fits[1] = StepCosts(row_cost, self._declared[1])
+        if self.batch == 1:
+            self.gate.recalibrate(*fit.snapshot())
+        if self.cache is not None:
+            self.cache.batch(1).save(fit.learned)
 
     @property
     def observed_passes(self) -> int:
