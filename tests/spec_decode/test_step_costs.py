@@ -15,6 +15,7 @@ from verispec import SamplingParams
 from verispec.config import DraftCost
 from verispec.engine import engine as engine_module
 from verispec.files import seal
+from verispec.runtime import row_cost as row_cost_module
 from verispec.runtime.row_cost import measure_row_cost
 from verispec.spec_decode.adaptive import AdaptiveK
 from verispec.spec_decode.cost_cache import CostCache
@@ -260,7 +261,7 @@ def test_a_fresh_engine_prices_rows_as_passes_timed_at_load(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("quantization", [None, (4, 32)])
-def test_the_row_cost_is_timed_on_a_scratch_sequence_that_is_freed(quantization) -> None:
+def test_the_row_cost_is_timed_on_a_scratch_sequence_that_is_freed(quantization, monkeypatch) -> None:
     model = tiny_model(3, vocab=16, quantization=quantization)
     engine = tiny_engine(model)
     reference = tiny_engine(model)
@@ -269,9 +270,19 @@ def test_the_row_cost_is_timed_on_a_scratch_sequence_that_is_freed(quantization)
     expected = run_all(reference)
     engine.step()  # a request mid-flight: its cache must come through untouched
     free = engine.blocks.num_free_blocks
+    clock = [0.0]
+    runner_forward = engine.runner.forward
+
+    def forward(feeds):  # as if a pass took 8 ms and 1 ms a row
+        clock[0] += 8e-3 + 1e-3 * sum(len(f.token_ids) for f in feeds)
+        return runner_forward(feeds)
+
+    monkeypatch.setattr(engine.runner, "forward", forward)
+    monkeypatch.setattr(row_cost_module.time, "perf_counter", lambda: clock[0])
     row_cost = measure_row_cost(engine.runner, engine.blocks, model.config.vocab_size, model.padded_rows)
-    assert row_cost is None or 0 < row_cost < float("inf")
+    assert row_cost == pytest.approx(1 / 8)
     assert engine.blocks.num_free_blocks == free
+    monkeypatch.undo()
     assert [o.token_ids for o in run_all(engine).values()] == [o.token_ids for o in expected.values()]
     full = tiny_engine(model, num_blocks=4)  # no room for the scratch sequence: nothing timed
     assert measure_row_cost(full.runner, full.blocks, model.config.vocab_size, model.padded_rows) is None
