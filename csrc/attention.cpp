@@ -7,6 +7,7 @@
 #include <c10/util/Half.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -174,17 +175,40 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
   const int64_t values_offset = num_blocks * block_size * kv_heads * dim;  // values after keys
   const int64_t group = heads / kv_heads;
 
+  // Spans: runs of consecutive rows of one sequence from one first position without tree
+  // positions (a verify step's rows, which attend nested prefixes of one context). A span's
+  // keys and values are widened once for all its rows; each row still computes its scores,
+  // weights and sums alone and in the same order, so its result is the one it has on its own.
+  std::vector<int64_t> span_start;
+  auto plain = [&](int64_t r) {
+    for (int64_t j = 0; j < plan.max_new; ++j) {
+      if (plan.tree_mask[r * plan.max_new + j]) return false;
+    }
+    return true;
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool joins = r > 0 && plan.row_seq[r] == plan.row_seq[r - 1] &&
+                       plan.row_first[r] == plan.row_first[r - 1] && plain(r) && plain(r - 1);
+    if (!joins) span_start.push_back(r);
+  }
+  const int64_t spans = static_cast<int64_t>(span_start.size());
+  span_start.push_back(rows);
+
   auto attend = [&](const auto* keys) {
     const auto* values = keys + values_offset;
-    // One task per row and key/value head: the group's query heads share its widened keys.
-    at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    // One task per span and key/value head: the group's query heads share its widened keys.
+    at::parallel_for(0, spans * kv_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<int64_t> offsets;  // of each attended position's key / value, in elements
-      std::vector<float> scores;     // [group, n]
-      std::vector<float> acc(group * dim), totals(group), chunk(kPositions * dim);
+      std::vector<float> scores;     // [span rows, group, n]
+      std::vector<int64_t> lengths;  // per span row, its positions: a prefix of `offsets`
+      std::vector<float> acc, totals, chunk(kPositions * dim);
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = i / kv_heads, kvh = i % kv_heads;
-        const int64_t* table = plan.block_tables + plan.row_seq[r] * plan.table_width;
-        const int64_t first = plan.row_first[r], visible = plan.row_visible[r];
+        const int64_t span = i / kv_heads, kvh = i % kv_heads;
+        const int64_t r0 = span_start[span], count = span_start[span + 1] - r0;
+        const int64_t* table = plan.block_tables + plan.row_seq[r0] * plan.table_width;
+        const int64_t first = plan.row_first[r0];
+        int64_t visible = first;
+        for (int64_t r = r0; r < r0 + count; ++r) visible = std::max(visible, plan.row_visible[r]);
         auto slot_of = [&](int64_t p) { return table[p / block_size] * block_size + p % block_size; };
         offsets.clear();
         for (int64_t p = first; p < visible;) {  // block by block: one division per block
@@ -192,40 +216,60 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
           const int64_t slot = slot_of(p);
           for (int64_t s = slot; p < block_end; ++p, ++s) offsets.push_back((s * kv_heads + kvh) * dim);
         }
-        for (int64_t j = 0; j < plan.max_new; ++j) {
-          const int64_t p = plan.row_tree_start[r] + j;
-          if (plan.tree_mask[r * plan.max_new + j] && p >= first) {
-            offsets.push_back((slot_of(p) * kv_heads + kvh) * dim);
+        lengths.assign(count, 0);
+        for (int64_t j = 0; j < count; ++j) {
+          lengths[j] = std::max<int64_t>(0, plan.row_visible[r0 + j] - first);
+        }
+        if (count == 1) {  // a lone row may be a tree row: its tree positions follow
+          for (int64_t j = 0; j < plan.max_new; ++j) {
+            const int64_t p = plan.row_tree_start[r0] + j;
+            if (plan.tree_mask[r0 * plan.max_new + j] && p >= first) {
+              offsets.push_back((slot_of(p) * kv_heads + kvh) * dim);
+            }
           }
+          lengths[0] = static_cast<int64_t>(offsets.size());
         }
         const int64_t n = static_cast<int64_t>(offsets.size());
-        scores.resize(group * n);
-        const float* q_group = q + r * q_stride + kvh * group * dim;
+        scores.resize(count * group * n);
         for (int64_t c = 0; c < n; c += kPositions) {
           const int64_t m = std::min(kPositions, n - c);
           widen_rows(keys, offsets.data() + c, m, dim, chunk.data());
-          for (int64_t h = 0; h < group; ++h) {
-            scores_of(q_group + h * dim, chunk.data(), m, dim, scores.data() + h * n + c);
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t mine = std::min(m, lengths[j] - c);
+            const float* q_group = q + (r0 + j) * q_stride + kvh * group * dim;
+            for (int64_t h = 0; mine > 0 && h < group; ++h) {
+              scores_of(q_group + h * dim, chunk.data(), mine, dim, scores.data() + (j * group + h) * n + c);
+            }
           }
         }
-        for (int64_t h = 0; h < group; ++h) {
-          float* weights = scores.data() + h * n;
-          scale_scores(weights, n, scale, cap);
-          exp_shifted(weights, n, max_of(weights, n));  // the weights
-          totals[h] = sum_in_lanes(weights, n);
+        totals.resize(count * group);
+        for (int64_t j = 0; j < count; ++j) {
+          for (int64_t h = 0; h < group; ++h) {
+            float* weights = scores.data() + (j * group + h) * n;
+            scale_scores(weights, lengths[j], scale, cap);
+            exp_shifted(weights, lengths[j], max_of(weights, lengths[j]));  // the weights
+            totals[j * group + h] = sum_in_lanes(weights, lengths[j]);
+          }
         }
-        std::fill(acc.begin(), acc.end(), 0.0f);
+        acc.assign(count * group * dim, 0.0f);
         for (int64_t c = 0; c < n; c += kPositions) {
           const int64_t m = std::min(kPositions, n - c);
           widen_rows(values, offsets.data() + c, m, dim, chunk.data());
-          for (int64_t h = 0; h < group; ++h) {
-            values_of(acc.data() + h * dim, chunk.data(), scores.data() + h * n + c, m, dim);
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t mine = std::min(m, lengths[j] - c);
+            for (int64_t h = 0; mine > 0 && h < group; ++h) {
+              values_of(acc.data() + (j * group + h) * dim, chunk.data(),
+                        scores.data() + (j * group + h) * n + c, mine, dim);
+            }
           }
         }
-        for (int64_t h = 0; h < group; ++h) {
-          float* dst = out + r * heads * dim + (kvh * group + h) * dim;
-          const float inverse = totals[h] > 0.0f ? 1.0f / totals[h] : 0.0f;
-          for (int64_t d = 0; d < dim; ++d) dst[d] = acc[h * dim + d] * inverse;
+        for (int64_t j = 0; j < count; ++j) {
+          for (int64_t h = 0; h < group; ++h) {
+            float* dst = out + (r0 + j) * heads * dim + (kvh * group + h) * dim;
+            const float total = totals[j * group + h];
+            const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+            for (int64_t d = 0; d < dim; ++d) dst[d] = acc[(j * group + h) * dim + d] * inverse;
+          }
         }
       }
     });
