@@ -22,6 +22,9 @@ float widen(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half
 // result on the widened values) a chunk of positions at a time, once for the query heads that
 // share them (grouped-query attention), into a buffer each head then reads contiguously.
 constexpr int64_t kPositions = 64;
+// The most rows of one sequence a task attends: a verify step's all, a prompt chunk's in tasks
+// enough to keep every thread busy.
+constexpr int64_t kSpanRows = 8;
 
 // The operations every path performs, in this order:
 //   score = q . k over `dim` values in eight running sums (sum j takes elements d = j mod 8,
@@ -187,7 +190,7 @@ void attend_rows(const float* q, int64_t q_stride, int64_t rows, int64_t heads, 
     return true;
   };
   for (int64_t r = 0; r < rows; ++r) {
-    const bool joins = r > 0 && plan.row_seq[r] == plan.row_seq[r - 1] &&
+    const bool joins = r > 0 && r - span_start.back() < kSpanRows && plan.row_seq[r] == plan.row_seq[r - 1] &&
                        plan.row_first[r] == plan.row_first[r - 1] && plain(r) && plain(r - 1);
     if (!joins) span_start.push_back(r);
   }
