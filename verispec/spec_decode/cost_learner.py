@@ -63,6 +63,7 @@ class CostLearner:
         self.every, self.first_save, self.save_every, self.warmup = every, first_save, save_every, warmup
         self._declared = row_cost, draft_cost
         self._fits: dict[int, StepCosts] = {}
+        self._kept: set[int] = set()  # batch classes whose fit started from the cache's
         self.batch = 1  # the class of the last step seen
         self._seen = 0
         gate.recalibrate(*self.costs.snapshot())
@@ -73,6 +74,8 @@ class CostLearner:
         fit = self._fits.get(self.batch)
         if fit is None:
             prior = None if self.cache is None else self.cache.batch(self.batch).load()
+            if prior is not None:
+                self._kept.add(self.batch)
             fit = self._fits[self.batch] = StepCosts(*self._declared, prior=prior)
         return fit
 
@@ -80,7 +83,7 @@ class CostLearner:
         """Starts the batch-1 fit from `measure()`'s row cost (timed passes: runtime/row_cost.py;
         None when they could not run) unless an earlier run's batch-1 fit is kept, and keeps it
         for the next engine on this machine."""
-        if self.cache is not None and self.cache.batch(1).load() is not None:
+        if 1 in self._kept:
             return
         row_cost = measure()
         if row_cost is None:
