@@ -27,6 +27,7 @@ take turns prompt by prompt (batch by batch), so drift in the machine's speed hi
     python bench/drafters.py --heads old=eagle-old.safetensors
     python bench/drafters.py --drafters ngram eagle ngram+eagle
     python bench/drafters.py --classes --max-tokens 128 --k-scan 0 1 2 3 4 5   # issue 46's table
+    python bench/drafters.py --classes --control   # with the noise floor: a second engine without drafts
 """
 
 from __future__ import annotations
@@ -146,14 +147,17 @@ def run_batches(llms: dict[str, LLM], prompts: list[dict[str, str]], params: Sam
             for name in llms}
 
 
-def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, k_scan: list[int]) -> list[dict]:
+def run_classes(drafters: list[str], repeats: int, max_tokens: int, batch: int, k_scan: list[int],
+                control: bool = False) -> list[dict]:
     """The prompt classes (bench/prompts/classes.jsonl: copy-heavy, code edit, open, summary) on
     each drafter's default engine (the default 4-bit target, adaptive K): batch 1 greedy and
     sampled (T 0.8, top-k 50, top-p 0.9, unseeded and seeded), then every prompt at once
     (`batch` requests, `repeats` rounds), greedy and sampled; with k_scan, batch 1 greedy at each
-    fixed K."""
+    fixed K; with control, a second engine without drafts in every row ("none control": how far
+    apart two identical engines read in this run, the noise any cell's ratio carries)."""
     prompts = load(10**6, CLASSES) * repeats
-    llms = {name: LLM(draft=name, progress=False) for name in drafters}
+    drafts = {name: name for name in drafters} | ({"none control": "none"} if control else {})
+    llms = {name: LLM(draft=draft, progress=False) for name, draft in drafts.items()}
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
     sampled = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=max_tokens)
     for llm in llms.values():  # one prompt each first: the caches filled, the costs learned from this machine
@@ -216,7 +220,7 @@ def main() -> None:
     parser.add_argument("--control", action="store_true", help="a second engine without drafts, as a noise floor")
     parser.add_argument("--classes", action="store_true",
                         help="the prompt classes on each drafter's default engine (run_classes); "
-                             "--drafters, --max-tokens, --batch, --repeats and --k-scan apply")
+                             "--drafters, --max-tokens, --batch, --repeats, --k-scan and --control apply")
     parser.add_argument("--repeats", type=int, default=2, help="with --classes: passes over the prompts")
     parser.add_argument("--k-scan", type=int, nargs="*", default=[], metavar="K",
                         help="with --classes: also batch 1 greedy at each of these fixed K")
@@ -226,7 +230,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         chosen = CLASS_DRAFTERS if args.drafters == list(DRAFTERS) else args.drafters
         drafters = ["none", *(d for d in chosen if d != "none")]
-        rows = run_classes(drafters, args.repeats, args.max_tokens, args.batch, args.k_scan)
+        rows = run_classes(drafters, args.repeats, args.max_tokens, args.batch, args.k_scan, args.control)
         write_json(args.json, torch.device("cpu"), rows, max_tokens=args.max_tokens, repeats=args.repeats,
                    prompts=str(CLASSES.name))
         return
